@@ -1,0 +1,86 @@
+"""The exceptions aioratelimit raises.
+
+::
+
+    AioRateLimitError
+    ├── RateLimited             a hit was denied      (.decision, .retry_after)
+    ├── LockTimeout             a lock wait ran out   (.name, .timeout)
+    ├── LockLost                a held lock was lost  (.name)
+    ├── LockNotOwned            extend/release of a lease no longer held (.name)
+    ├── TokenRejected           a one-shot token was not consumed
+    ├── IdempotencyInProgress   the first call with this key still runs (.key, .retry_after)
+    ├── IdempotencyKeyMismatch  the key was used with another fingerprint (.key)
+    └── BackendUnavailable      Redis unreachable, timed out or failing (cause chained)
+
+Bad arguments raise the built-in ``ValueError`` / ``TypeError`` before any I/O.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._ratelimit import Decision
+
+
+class AioRateLimitError(Exception):
+    """Root of every exception raised by aioratelimit (besides ValueError/TypeError)."""
+
+
+class RateLimited(AioRateLimitError):
+    """A hit was denied; ``retry_after`` seconds until the same cost could be admitted."""
+
+    def __init__(self, message: str = "rate limited", *, decision: Decision) -> None:
+        super().__init__(message)
+        self.decision = decision
+        self.retry_after = decision.retry_after
+
+
+class LockTimeout(AioRateLimitError):
+    """The lock (or semaphore) could not be acquired within ``timeout`` seconds."""
+
+    def __init__(self, message: str = "", *, name: str, timeout: float | None) -> None:
+        super().__init__(message or f"could not acquire {name!r} within {timeout} s")
+        self.name = name
+        self.timeout = timeout
+
+
+class LockLost(AioRateLimitError):
+    """A held lock expired or was taken by another holder while its block ran."""
+
+    def __init__(self, message: str = "", *, name: str) -> None:
+        super().__init__(message or f"lock {name!r} was lost while held")
+        self.name = name
+
+
+class LockNotOwned(AioRateLimitError):
+    """``extend`` or ``release`` of a lease that no longer holds the lock."""
+
+    def __init__(self, message: str = "", *, name: str) -> None:
+        super().__init__(message or f"lock {name!r} is not held by this lease")
+        self.name = name
+
+
+class TokenRejected(AioRateLimitError):
+    """A one-shot token was unknown, expired, already used or issued for another subject."""
+
+
+class IdempotencyInProgress(AioRateLimitError):
+    """A call with this idempotency key is still running elsewhere."""
+
+    def __init__(self, message: str = "", *, key: str, retry_after: float) -> None:
+        super().__init__(message or f"a call with idempotency key {key!r} is in progress")
+        self.key = key
+        self.retry_after = retry_after
+
+
+class IdempotencyKeyMismatch(AioRateLimitError):
+    """The idempotency key was first used with a different request fingerprint."""
+
+    def __init__(self, message: str = "", *, key: str) -> None:
+        super().__init__(message or f"idempotency key {key!r} was used with another request")
+        self.key = key
+
+
+class BackendUnavailable(AioRateLimitError):
+    """Redis could not be reached or answered with an error; the cause is chained."""

@@ -1,0 +1,312 @@
+"""Rate limiters: ``FixedWindow``, ``SlidingWindow`` and ``TokenBucket`` (GCRA).
+
+Each decision is one script run (``lua/fixed_window.lua``, ``lua/sliding_window.lua``,
+``lua/token_bucket.lua``) over one key per (user key, rate), all under the user key's hash
+tag. The three classes share everything but the script and its arguments: validation, key
+building, the reply-to-``Decision`` decoding, waiting, the context manager and the decorator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+from . import _keys, _scripts
+from ._args import check_int, check_key, check_timeout, from_us
+from ._backend import Backend, get_backend
+from ._errors import RateLimited
+from ._rates import Rate, RateLike, as_rate
+from ._scripts import Script
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: Most sub-window buckets a SlidingWindow may use (the script reads them all per hit).
+MAX_BUCKETS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The answer to a hit or a peek, for the tightest of the limiter's rates."""
+
+    allowed: bool
+    #: the tightest rate's limit (a TokenBucket's burst)
+    limit: int
+    #: hits still admitted now under the tightest rate, after this one
+    remaining: int
+    #: seconds until the tightest rate is fully replenished
+    reset_after: float
+    #: 0.0 when allowed, else seconds until this cost could be admitted
+    retry_after: float
+
+
+def decode(reply: Sequence[int]) -> Decision:
+    """The one reading of a limiter script's reply ``{allowed, limit, remaining, reset_us,
+    retry_us, now_us}``."""
+    return Decision(
+        reply[0] == 1,
+        int(reply[1]),
+        max(0, int(reply[2])),
+        from_us(reply[3]),
+        from_us(reply[4]),
+    )
+
+
+class _Limiter:
+    """What the three limiters share; a subclass names its script, kind and arguments."""
+
+    __slots__ = ("_args", "_backend", "_head", "_max_cost", "_suffixes", "name")
+
+    _script: Script
+    _kind: str
+
+    def __init__(self, backend: Backend | None, name: str | None) -> None:
+        if backend is not None and not isinstance(backend, Backend):
+            raise TypeError(f"backend must be a Backend, not {type(backend).__name__}")
+        if name is not None:
+            check_key(name, "name")
+        self._backend = backend
+        self.name = name
+        self._head: tuple[str, str] = ("", "")  # (backend prefix, key head) cache
+        # Set by subclasses: per-key suffixes, the script's constant arguments, and the
+        # largest cost that could ever be admitted.
+        self._suffixes: tuple[str, ...] = ()
+        self._args: tuple[int, ...] = ()
+        self._max_cost = 0
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend or get_backend()
+
+    def _keys(self, backend: Backend, key: str) -> list[str]:
+        prefix, head = self._head
+        if prefix != backend.prefix:
+            head = _keys.head(backend.prefix, self._kind, self.name)
+            self._head = (backend.prefix, head)
+        return [_keys.tagged(head, key, suffix) for suffix in self._suffixes]
+
+    def _check_cost(self, cost: object) -> int:
+        check_int(cost, "cost")
+        assert isinstance(cost, int)
+        if cost > self._max_cost:
+            raise ValueError(
+                f"cost {cost} can never be admitted: it is above the limit {self._max_cost}"
+            )
+        return cost
+
+    async def _decide(self, key: str, cost: int, commit: int) -> Decision:
+        check_key(key)
+        cost = self._check_cost(cost)
+        backend = self._backend or get_backend()
+        reply = await backend.run(
+            self._script, self._keys(backend, key), (cost, commit, *self._args)
+        )
+        return decode(reply)
+
+    async def hit(self, key: str, cost: int = 1) -> Decision:
+        """Count ``cost`` hits for ``key`` if every rate admits them (a denied hit counts none)."""
+        return await self._decide(key, cost, 1)
+
+    async def peek(self, key: str, cost: int = 1) -> Decision:
+        """What ``hit`` would answer now; changes nothing."""
+        return await self._decide(key, cost, 0)
+
+    async def reset(self, key: str) -> None:
+        """Forget every hit counted for ``key`` (under every rate of this limiter)."""
+        check_key(key)
+        backend = self._backend or get_backend()
+        await backend.run(_scripts.DELETE, self._keys(backend, key), ())
+
+    async def acquire(
+        self, key: str, cost: int = 1, *, wait: bool = False, timeout: float | None = None
+    ) -> Decision:
+        """``hit``, raising ``RateLimited`` when denied; with ``wait=True`` sleep for
+        ``retry_after`` and try again until admitted, or until ``timeout`` seconds would be
+        exceeded (then ``RateLimited`` at once: no sleep that cannot end in time)."""
+        check_key(key)
+        self._check_cost(cost)
+        timeout = check_timeout(timeout)
+        decision = await self._decide(key, cost, 1)
+        if decision.allowed:
+            return decision
+        if not wait:
+            raise RateLimited(f"rate limited: {key!r}", decision=decision)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while not decision.allowed:
+            if deadline is not None and loop.time() + decision.retry_after > deadline:
+                raise RateLimited(f"rate limited: {key!r} (timeout {timeout} s)", decision=decision)
+            await asyncio.sleep(decision.retry_after)
+            decision = await self._decide(key, cost, 1)
+        return decision
+
+    def __call__(
+        self, key: str, cost: int = 1, wait: bool = False, timeout: float | None = None
+    ) -> Admission:
+        """``async with limiter(key) as decision:`` runs the block only when admitted."""
+        return Admission(self, key, cost, wait, timeout)
+
+    def limit(
+        self,
+        key: str | Callable[..., str],
+        cost: int = 1,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+        """Decorate an async function so each call first takes a hit for ``key``.
+
+        ``key`` is a string, or a callable given the function's arguments that returns one.
+        """
+        if not (isinstance(key, str) or callable(key)):
+            raise TypeError(f"key must be a str or a callable, not {type(key).__name__}")
+        if isinstance(key, str):
+            check_key(key)
+        self._check_cost(cost)
+        check_timeout(timeout)
+
+        def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+            @functools.wraps(fn)
+            async def limited(*args: P.args, **kwargs: P.kwargs) -> R:
+                k = key(*args, **kwargs) if callable(key) else key
+                await self.acquire(k, cost, wait=wait, timeout=timeout)
+                return await fn(*args, **kwargs)
+
+            return limited
+
+        return decorate
+
+
+class Admission:
+    """``async with limiter(key, ...)``: enter takes the hit (or raises ``RateLimited``)."""
+
+    __slots__ = ("_cost", "_key", "_limiter", "_timeout", "_wait")
+
+    def __init__(
+        self, limiter: _Limiter, key: str, cost: int, wait: bool, timeout: float | None
+    ) -> None:
+        self._limiter, self._key, self._cost = limiter, key, cost
+        self._wait, self._timeout = wait, timeout
+
+    async def __aenter__(self) -> Decision:
+        return await self._limiter.acquire(
+            self._key, self._cost, wait=self._wait, timeout=self._timeout
+        )
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # A rate limit is not a resource held by the block: nothing to give back.
+        return None
+
+
+def _rates(rates: Sequence[Any]) -> tuple[Rate, ...]:
+    if not rates:
+        raise TypeError("a limiter needs at least one rate, e.g. FixedWindow('100/minute')")
+    parsed = tuple(as_rate(r) for r in rates)
+    seen = set()
+    for r in parsed:
+        ident = (r.limit, r.window_us)
+        if ident in seen:
+            raise ValueError(f"rate {r} is given twice")
+        seen.add(ident)
+    return parsed
+
+
+class FixedWindow(_Limiter):
+    """At most ``limit`` hits per window; each window starts at the key's first admitted hit.
+
+    Cheapest in memory (one integer key per rate) but allows up to twice the limit across
+    the edge between two windows; use ``SlidingWindow`` where that matters.
+    """
+
+    __slots__ = ("rates",)
+    _script = _scripts.FIXED_WINDOW
+    _kind = "fw"
+
+    def __init__(self, *rates: RateLike, backend: Backend | None = None, name: str | None = None):
+        super().__init__(backend, name)
+        self.rates = _rates(rates)
+        self._suffixes = tuple(_keys.rate_suffix(r.limit, r.window_us) for r in self.rates)
+        self._args = tuple(v for r in self.rates for v in (r.limit, r.window_us))
+        self._max_cost = min(r.limit for r in self.rates)
+
+    def __repr__(self) -> str:
+        return f"<FixedWindow {', '.join(map(str, self.rates))} name={self.name!r}>"
+
+
+class SlidingWindow(_Limiter):
+    """Never more than ``limit`` hits (by cost) in ANY interval of length ``window``.
+
+    Each window is cut into ``buckets`` sub-window counters; the oldest, partly expired
+    bucket still counts in full, so the limiter errs on the side of denying: an interval
+    of up to ``window * (1 + 1/buckets)`` may be needed before capacity fully returns.
+    """
+
+    __slots__ = ("buckets", "rates")
+    _script = _scripts.SLIDING_WINDOW
+    _kind = "sw"
+
+    def __init__(
+        self,
+        *rates: RateLike,
+        buckets: int = 10,
+        backend: Backend | None = None,
+        name: str | None = None,
+    ):
+        super().__init__(backend, name)
+        self.rates = _rates(rates)
+        self.buckets = check_int(buckets, "buckets")
+        if buckets > MAX_BUCKETS:
+            raise ValueError(f"buckets must be <= {MAX_BUCKETS}, got {buckets}")
+        self._suffixes = tuple(
+            _keys.rate_suffix(r.limit, r.window_us, f"/{buckets}") for r in self.rates
+        )
+        self._args = (buckets, *(v for r in self.rates for v in (r.limit, r.window_us)))
+        self._max_cost = min(r.limit for r in self.rates)
+
+    def __repr__(self) -> str:
+        rates = ", ".join(map(str, self.rates))
+        return f"<SlidingWindow {rates} buckets={self.buckets} name={self.name!r}>"
+
+
+class TokenBucket(_Limiter):
+    """GCRA: a steady ``rate``, with bursts of up to ``burst`` hits (default: the rate's limit).
+
+    A full bucket holds ``burst`` tokens and refills one token every ``window / limit``
+    seconds (rounded up to the microsecond, so never faster than asked).
+    """
+
+    __slots__ = ("burst", "rate")
+    _script = _scripts.TOKEN_BUCKET
+    _kind = "tb"
+
+    def __init__(
+        self,
+        rate: RateLike,
+        burst: int | None = None,
+        *,
+        backend: Backend | None = None,
+        name: str | None = None,
+    ):
+        super().__init__(backend, name)
+        self.rate = as_rate(rate)
+        self.burst = self.rate.limit if burst is None else check_int(burst, "burst")
+        interval = -(-self.rate.window_us // self.rate.limit)
+        suffix = _keys.rate_suffix(self.rate.limit, self.rate.window_us, f"/{self.burst}")
+        self._suffixes = (suffix,)
+        self._args = (self.burst, interval)
+        self._max_cost = self.burst
+
+    @property
+    def rates(self) -> tuple[Rate, ...]:
+        return (self.rate,)
+
+    def __repr__(self) -> str:
+        return f"<TokenBucket {self.rate} burst={self.burst} name={self.name!r}>"

@@ -1,0 +1,76 @@
+"""``Rate``: a limit per window, and the parser for strings such as ``"100/minute"``."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ._args import US, check_int, check_seconds, to_us
+
+_UNITS: dict[str, float] = {
+    "ms": 0.001, "millisecond": 0.001, "milliseconds": 0.001,
+    "s": 1.0, "sec": 1.0, "second": 1.0, "seconds": 1.0,
+    "m": 60.0, "min": 60.0, "minute": 60.0, "minutes": 60.0,
+    "h": 3600.0, "hour": 3600.0, "hours": 3600.0,
+    "d": 86400.0, "day": 86400.0, "days": 86400.0,
+}  # fmt: skip
+
+_RATE = re.compile(
+    r"^\s*(?P<limit>\d+)\s*(?:/|per)\s*(?P<count>\d+(?:\.\d+)?)?\s*(?P<unit>[a-z]+)\s*$"
+)
+
+#: The shortest window a script can represent exactly enough.
+MIN_WINDOW = 0.001
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """At most ``limit`` hits (by cost) per ``window`` seconds."""
+
+    limit: int
+    window: float
+
+    def __post_init__(self) -> None:
+        check_int(self.limit, "Rate.limit")
+        window = check_seconds(self.window, "Rate.window")
+        if window < MIN_WINDOW:
+            raise ValueError(f"Rate.window must be at least {MIN_WINDOW} s, got {window}")
+        object.__setattr__(self, "window", window)
+
+    @classmethod
+    def parse(cls, text: str) -> Rate:
+        """Parse ``"100/minute"``, ``"10/second"``, ``"5/10s"``, ``"3/500ms"``, ``"1 per day"``."""
+        if not isinstance(text, str):
+            raise TypeError(f"a rate must be a Rate or a str, not {type(text).__name__}")
+        m = _RATE.match(text.lower())
+        if m is None or m["unit"] not in _UNITS:
+            raise ValueError(
+                f"malformed rate {text!r}: expected '<limit>/<unit>' or '<limit>/<n><unit>'"
+                " such as '100/minute' or '3/500ms'"
+            )
+        count = float(m["count"]) if m["count"] else 1.0
+        if count <= 0:
+            raise ValueError(f"malformed rate {text!r}: the window must be positive")
+        return cls(int(m["limit"]), count * _UNITS[m["unit"]])
+
+    @property
+    def window_us(self) -> int:
+        return to_us(self.window)
+
+    def __str__(self) -> str:
+        us = self.window_us
+        if us % US == 0:
+            return f"{self.limit}/{us // US}s"
+        return f"{self.limit}/{us / 1000:g}ms"
+
+
+RateLike = Rate | str
+
+
+def as_rate(value: object) -> Rate:
+    """A ``Rate`` from a ``Rate`` or a rate string."""
+    if isinstance(value, Rate):
+        return value
+    if isinstance(value, str):
+        return Rate.parse(value)
+    raise TypeError(f"a rate must be a Rate or a str, not {type(value).__name__}")

@@ -1,0 +1,53 @@
+"""The Lua scripts, read once at import and run by SHA.
+
+Every Redis operation is one file in ``lua/`` (shipped inside the wheel as
+``aioratelimit/lua``). Each is read here once, its SHA1 computed locally, and the Redis
+store runs it with EVALSHA, loading it again on NOSCRIPT in exactly one place
+(``_backend.RedisStore.run``). The memory store answers the same ``Script`` objects with
+a Python function of the same name (``_memory``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def _lua_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    # Installed wheel: aioratelimit/lua. Source checkout or editable install: ../lua.
+    for candidate in (here / "lua", here.parent / "lua"):
+        if (candidate / "fixed_window.lua").is_file():
+            return candidate
+    raise ImportError(f"aioratelimit: the Lua scripts are missing (looked beside {here})")
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """One Lua file: its name (the file stem), source and SHA1."""
+
+    name: str
+    source: str
+    sha: str
+
+    def __repr__(self) -> str:
+        return f"<Script {self.name} {self.sha[:8]}>"
+
+
+def _load(name: str) -> Script:
+    source = (LUA_DIR / f"{name}.lua").read_text(encoding="utf-8")
+    return Script(name, source, hashlib.sha1(source.encode()).hexdigest())
+
+
+LUA_DIR = _lua_dir()
+
+FIXED_WINDOW = _load("fixed_window")
+SLIDING_WINDOW = _load("sliding_window")
+TOKEN_BUCKET = _load("token_bucket")
+DELETE = _load("delete")
+
+
+def all_scripts() -> dict[str, Script]:
+    """Every script by name (for the conformance tests and SCRIPT LOAD at start-up)."""
+    return {s.name: s for s in globals().values() if isinstance(s, Script)}

@@ -1,0 +1,64 @@
+-- fixed_window: check and (when admitted and ARGV[2] == 1) count one hit against every rate.
+-- Each rate's window starts at its first admitted hit and lasts window_us; all-or-nothing:
+-- a hit is counted only when every rate admits it, and a denied hit writes nothing.
+--
+-- KEYS[i]  counter of rate i (string, integer value, expires at the end of its window)
+-- ARGV[1]  cost      hits this call consumes (integer >= 1, <= every limit)
+-- ARGV[2]  commit    1 = hit (count when admitted), 0 = peek (write nothing)
+-- ARGV[1+2i] limit_i      integer >= 1
+-- ARGV[2+2i] window_us_i  window of rate i in microseconds (>= 1000)
+--
+-- Reply: {allowed (1/0), limit, remaining, reset_after_us, retry_after_us, now_us}
+--   for the tightest rate; now_us is the server clock (TIME) the decision used.
+local cost = tonumber(ARGV[1])
+local commit = ARGV[2] == '1'
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+local allowed = 1
+local best_limit, best_rem, best_reset, best_retry = 0, -1, 0, 0
+local counts, ends = {}, {}
+
+for i = 1, #KEYS do
+  local limit = tonumber(ARGV[1 + 2 * i])
+  local window = tonumber(ARGV[2 + 2 * i])
+  local count = tonumber(redis.call('GET', KEYS[i]) or '0')
+  local ends_at = 0
+  if count > 0 then
+    ends_at = redis.call('PEXPIRETIME', KEYS[i]) * 1000
+  end
+  -- The script decides expiry on its own clock, so a window that ended a moment before
+  -- Redis lazily removes the key counts as ended here too.
+  if count == 0 or ends_at <= now then
+    count = 0
+    ends_at = now + window
+  end
+  counts[i], ends[i] = count, ends_at
+  local rem = limit - count
+  local reset = ends_at - now
+  if cost > rem then
+    -- Denied: the tightest rate is the one that keeps the caller waiting longest.
+    if allowed == 1 or reset > best_retry then
+      best_limit, best_rem, best_reset, best_retry = limit, rem, reset, reset
+    end
+    allowed = 0
+  elseif allowed == 1 then
+    rem = rem - cost
+    if best_rem < 0 or rem < best_rem or (rem == best_rem and reset > best_reset) then
+      best_limit, best_rem, best_reset = limit, rem, reset
+    end
+  end
+end
+
+if allowed == 1 and commit then
+  for i = 1, #KEYS do
+    if counts[i] == 0 then
+      redis.call('SET', KEYS[i], cost, 'PXAT', math.ceil(ends[i] / 1000))
+    else
+      redis.call('INCRBY', KEYS[i], cost)
+    end
+  end
+end
+
+return {allowed, best_limit, best_rem, best_reset, best_retry, now}

@@ -1,0 +1,103 @@
+-- sliding_window: check and (when admitted and ARGV[2] == 1) count one hit against every rate,
+-- each rate a ring of sub-window counters. All-or-nothing; a denied hit writes nothing.
+--
+-- A rate's window of window_us is cut into n buckets of b = ceil(window_us / n) microseconds,
+-- aligned on the server clock; bucket index c = floor(now / b). A hit at `now` is admitted
+-- only if the buckets c-n .. c hold at most limit - cost. Bucket c-n is partly outside the
+-- window but is counted in full, so no interval of length window_us ever holds more than
+-- limit admitted hits (conservative, never over-admitting).
+--
+-- KEYS[i]  ring of rate i (hash: field "c" = newest bucket index written, fields "0".."n" =
+--          counts of bucket index mod (n+1); expires once its newest bucket leaves the window)
+-- ARGV[1]  cost      hits this call consumes (integer >= 1, <= every limit)
+-- ARGV[2]  commit    1 = hit (count when admitted), 0 = peek (write nothing)
+-- ARGV[3]  n         buckets per window (integer 1 .. 1000)
+-- ARGV[2+2i] limit_i      integer >= 1
+-- ARGV[3+2i] window_us_i  window of rate i in microseconds (>= 1000)
+--
+-- Reply: {allowed (1/0), limit, remaining, reset_after_us, retry_after_us, now_us}
+--   for the tightest rate; now_us is the server clock (TIME) the decision used.
+local cost = tonumber(ARGV[1])
+local commit = ARGV[2] == '1'
+local n = tonumber(ARGV[3])
+local slots = n + 1
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+-- floor(a / b) for non-negative integers, exact even where a / b rounds up to an integer.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+
+local function slot(idx) return tostring(idx - idiv(idx, slots) * slots) end
+
+local allowed = 1
+local best_limit, best_rem, best_reset, best_retry = 0, -1, 0, 0
+local size, current, newest = {}, {}, {}
+
+for i = 1, #KEYS do
+  local limit = tonumber(ARGV[2 + 2 * i])
+  local b = idiv(tonumber(ARGV[3 + 2 * i]) + n - 1, n)
+  local c = idiv(now, b)
+  local raw = redis.call('HGETALL', KEYS[i])
+  local h = {}
+  for j = 1, #raw, 2 do h[raw[j]] = tonumber(raw[j + 1]) end
+  local last = h['c'] or -1
+  -- A clock step backwards must not reopen counted buckets: count into the newest one.
+  if last > c then c = last end
+  -- counts[k] = hits in bucket c - n + k, oldest first (k = 0 .. n)
+  local counts, sum = {}, 0
+  for k = 0, n do
+    local idx = c - n + k
+    local v = 0
+    if idx <= last and idx > last - slots then v = h[slot(idx)] or 0 end
+    counts[k] = v
+    sum = sum + v
+  end
+  size[i], current[i], newest[i] = b, c, last
+  local rem = limit - sum
+  if cost > rem then
+    -- Wait until enough of the oldest buckets have left the window; bucket c - n + k
+    -- leaves it when bucket c + k + 1 begins.
+    local k, freed = 0, 0
+    while k < n and sum - freed + cost > limit do
+      freed = freed + counts[k]
+      if sum - freed + cost > limit then k = k + 1 end
+    end
+    local retry = (c + k + 1) * b - now
+    local top = n
+    while top > 0 and counts[top] == 0 do top = top - 1 end
+    local reset = (c + top + 1) * b - now
+    if allowed == 1 or retry > best_retry then
+      best_limit, best_rem, best_reset, best_retry = limit, rem, reset, retry
+    end
+    allowed = 0
+  elseif allowed == 1 then
+    rem = rem - cost
+    local reset = (c + n + 1) * b - now
+    if best_rem < 0 or rem < best_rem or (rem == best_rem and reset > best_reset) then
+      best_limit, best_rem, best_reset = limit, rem, reset
+    end
+  end
+end
+
+if allowed == 1 and commit then
+  for i = 1, #KEYS do
+    local c, last = current[i], newest[i]
+    if c - last > n then
+      -- Nothing in the ring is inside the window any more.
+      redis.call('DEL', KEYS[i])
+    else
+      -- Slots of the buckets after `last` still hold counts from one ring turn ago.
+      for idx = last + 1, c do redis.call('HDEL', KEYS[i], slot(idx)) end
+    end
+    redis.call('HINCRBY', KEYS[i], slot(c), cost)
+    redis.call('HSET', KEYS[i], 'c', string.format('%.0f', c))
+    redis.call('PEXPIREAT', KEYS[i], math.ceil((c + n + 1) * size[i] / 1000))
+  end
+end
+
+return {allowed, best_limit, best_rem, best_reset, best_retry, now}

@@ -1,0 +1,172 @@
+"""Shared fixtures: real redis-server processes on free loopback ports, and the backend matrix.
+
+The suite never assumes a server is running: it starts its own from the ``redis-server``
+binary (stopped by PID at the end). ``REDIS_URL`` points the shared-server tests at an
+external server instead; tests that must kill or restart a server always start a private one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import hypothesis  # noqa: F401  (imported early: a late import trips a CPython 3.11 AST bug)
+import pytest
+import redis
+
+import aioratelimit as arl
+
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """One real ``redis-server`` process on a loopback port, without persistence."""
+
+    def __init__(self, port: int | None = None, *extra: str) -> None:
+        self.port = port or free_port()
+        self.extra = extra
+        self.dir = Path(tempfile.mkdtemp(prefix="arl-redis-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        args = [
+            REDIS_SERVER,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.dir),
+            "--logfile", str(self.dir / "redis.log"),
+            *self.extra,
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2, socket_timeout=0.5)
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    log = (self.dir / "redis.log").read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"redis-server exited at start on port {self.port}:\n{log}")
+                try:
+                    if client.ping():
+                        return self
+                except redis.RedisError:
+                    pass
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"redis-server did not answer on port {self.port}")
+                time.sleep(0.02)
+        finally:
+            client.close()
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop the process by PID (SIGKILL if it does not exit promptly)."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections stay open, nothing answers."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def restart(self) -> None:
+        """Stop and start again on the same port (all data and loaded scripts are gone)."""
+        self.stop()
+        self.start()
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """The URL of the suite's shared server: ``REDIS_URL`` if set, else one started here."""
+    external = os.environ.get("REDIS_URL")
+    if external:
+        yield external
+        return
+    server = RedisServer().start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A private server for this test alone (to kill, pause or restart)."""
+    server = RedisServer().start()
+    try:
+        yield server
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            server.resume()
+        server.stop()
+
+
+@pytest.fixture
+def sync_redis(redis_url: str) -> Iterator[redis.Redis]:
+    """A plain synchronous client on the shared server, for inspecting keys."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[arl.Backend]:
+    """Every backend the conformance suite runs on, one test per backend."""
+    if request.param == "memory":
+        b = arl.Backend.from_url("memory://")
+    else:
+        b = arl.Backend.from_url(request.getfixturevalue("redis_url"))
+    try:
+        yield b
+    finally:
+        await b.aclose()
+
+
+@pytest.fixture
+def key() -> str:
+    """A user key no other test uses (instead of flushing the server)."""
+    return f"user-{uuid.uuid4().hex[:12]}"
