@@ -21,6 +21,7 @@ from redis import exceptions as redis_errors
 from ._args import check_int, check_seconds
 from ._errors import BackendUnavailable
 from ._memory import Arg, MemoryStore, Reply
+from ._notify import Notifier
 from ._scripts import Script
 
 log = logging.getLogger("aioratelimit")
@@ -40,6 +41,9 @@ class Store(Protocol):
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply: ...
 
     async def aclose(self) -> None: ...
+
+    @property
+    def notifier(self) -> Notifier: ...
 
 
 RunScript = Callable[[Script, Sequence[str], Sequence[Arg]], Awaitable[Reply]]
@@ -70,11 +74,12 @@ _TRANSLATED = (redis_errors.RedisError, OSError, asyncio.TimeoutError)
 class RedisStore:
     """Runs scripts by EVALSHA on one shared ``redis.asyncio`` client."""
 
-    __slots__ = ("_client", "_owned")
+    __slots__ = ("_client", "_notifier", "_owned")
 
     def __init__(self, client: _ScriptClient, *, owned: bool) -> None:
         self._client = client
         self._owned = owned
+        self._notifier: Notifier | None = None
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         try:
@@ -91,9 +96,56 @@ class RedisStore:
     def client(self) -> _ScriptClient:
         return self._client
 
+    @property
+    def notifier(self) -> Notifier:
+        """The backend's one subscriber, on a dedicated connection outside the pool."""
+        if self._notifier is None:
+            client = self._client
+            self._notifier = Notifier(lambda: _DedicatedPubSub(client))
+        return self._notifier
+
     async def aclose(self) -> None:
+        if self._notifier is not None:
+            await self._notifier.aclose()
         if self._owned:
             await self._client.aclose()
+
+
+class _DedicatedPubSub:
+    """A redis-py PubSub on its own one-connection pool (so it never takes a pooled slot)."""
+
+    def __init__(self, client: Any) -> None:
+        import redis.asyncio as aredis
+
+        pool = client.connection_pool
+        kwargs = dict(pool.connection_kwargs)
+        # The subscriber idles between messages: no read timeout on its socket.
+        kwargs["socket_timeout"] = None
+        self._pool = aredis.ConnectionPool(
+            connection_class=pool.connection_class, max_connections=1, **kwargs
+        )
+        self._pubsub: Any = aredis.Redis.from_pool(self._pool).pubsub()
+
+    @property
+    def subscribed(self) -> bool:
+        return bool(self._pubsub.subscribed)
+
+    async def subscribe(self, channel: str) -> None:
+        await self._pubsub.subscribe(channel)
+
+    async def unsubscribe(self, channel: str) -> None:
+        await self._pubsub.unsubscribe(channel)
+
+    async def get_message(self, *, ignore_subscribe_messages: bool, timeout: float) -> Any:
+        return await self._pubsub.get_message(
+            ignore_subscribe_messages=ignore_subscribe_messages, timeout=timeout
+        )
+
+    async def aclose(self) -> None:
+        try:
+            await self._pubsub.aclose()
+        finally:
+            await self._pool.disconnect()
 
 
 class Backend:
@@ -175,6 +227,11 @@ class Backend:
     @property
     def store(self) -> Store:
         return self._store
+
+    @property
+    def notifier(self) -> Notifier:
+        """The backend's shared pub/sub subscriber (see ``_notify``)."""
+        return self._store.notifier
 
     async def aclose(self) -> None:
         """Close the pool this backend owns (a wrapped client is left open)."""

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ._notify import Notifier
 from ._scripts import Script
 
 Arg = int | str
@@ -37,7 +38,7 @@ def _ceil_div(a: int, b: int) -> int:
 class MemoryStore:
     """An in-process store with the semantics of the Lua scripts."""
 
-    __slots__ = ("_clock", "_data", "_exp", "_lock", "_ops", "_scripts")
+    __slots__ = ("_clock", "_data", "_exp", "_lock", "_ops", "_scripts", "notifier")
 
     def __init__(self, clock: Callable[[], int] = wall_clock_us) -> None:
         self._clock = clock
@@ -45,6 +46,8 @@ class MemoryStore:
         self._exp: dict[str, int] = {}  # key -> expiry, ms since the epoch
         self._lock = threading.Lock()
         self._ops = 0
+        #: wake-ups are delivered in-process, synchronously, by ``publish``
+        self.notifier = Notifier(None)
         self._scripts: dict[str, Callable[[Sequence[str], Sequence[Arg], int], Reply]] = {
             "fixed_window": self.fixed_window,
             "sliding_window": self.sliding_window,
@@ -70,7 +73,12 @@ class MemoryStore:
         """Add the twin of another script (used by primitives defined in other modules)."""
         self._scripts[name] = fn
 
+    def publish(self, channel: str, message: bytes | str = b"") -> None:
+        """PUBLISH: hand the message to this process's waiters on ``channel``."""
+        self.notifier.deliver(channel, message)
+
     async def aclose(self) -> None:
+        await self.notifier.aclose()
         with self._lock:
             self._data.clear()
             self._exp.clear()

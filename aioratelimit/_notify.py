@@ -1,0 +1,261 @@
+"""Wake-ups: one shared pub/sub subscriber per backend, fanned out to local waiters.
+
+Scripts that free something (a lock release, an idempotent call completing) PUBLISH on a
+channel named in ``_keys``; waiters subscribe to that channel here instead of polling. A
+backend has ONE subscriber connection (never a pooled one), read by one background task;
+a waiter holds no connection while it waits. Within a process a message wakes either ONE
+waiter of the channel (``wake_all=False``: the oldest waiter not already woken, so a release
+does not stampede every task) or every waiter (``wake_all=True``, e.g. callers waiting for a
+stored result). A lost message is covered by the caller's own fallback timeout.
+
+Usage, race-free because the subscription is confirmed before the retry::
+
+    async with backend.notifier.subscribe(channel) as sub:
+        while not await try_once():
+            await sub.wait(timeout)          # True when woken, False on timeout
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+log = logging.getLogger("aioratelimit")
+
+#: How long a new subscription waits for the server's confirmation before going on anyway
+#: (the caller's fallback timer then covers a release it might miss).
+CONFIRM_TIMEOUT = 1.0
+
+PubSubFactory = Callable[[], Any]  # returns a redis.asyncio PubSub (or a compatible object)
+
+
+class Subscription:
+    """One local waiter on one channel; ``wait()`` returns True once per delivered message."""
+
+    __slots__ = ("_event", "_notifier", "channel", "message", "wake_all")
+
+    def __init__(self, notifier: Notifier, channel: str, wake_all: bool) -> None:
+        self._notifier = notifier
+        self.channel = channel
+        self.wake_all = wake_all
+        self._event = asyncio.Event()
+        #: the payload of the last message delivered to this waiter
+        self.message: bytes | None = None
+
+    @property
+    def woken(self) -> bool:
+        return self._event.is_set()
+
+    def _wake(self, payload: bytes) -> None:
+        self.message = payload
+        self._event.set()
+
+    async def wait(self, timeout: float | None) -> bool:
+        """Wait for a message (one already delivered counts); False after ``timeout`` s."""
+        if not self._event.is_set():
+            if timeout is not None and timeout <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._event.wait(), timeout)
+            except asyncio.TimeoutError:
+                return False
+        self._event.clear()
+        return True
+
+    async def __aenter__(self) -> Subscription:
+        await self._notifier._add(self)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._notifier._remove(self)
+
+    def __repr__(self) -> str:
+        return f"<Subscription {self.channel!r} woken={self.woken} wake_all={self.wake_all}>"
+
+
+class Notifier:
+    """Routes published messages to local subscriptions.
+
+    ``factory`` builds the one pub/sub connection (Redis); ``None`` means messages come
+    from the same process (memory://), delivered synchronously by ``deliver``.
+    """
+
+    __slots__ = (
+        "_closed",
+        "_confirmed",
+        "_factory",
+        "_pubsub",
+        "_reader",
+        "_subs",
+        "_tasks",
+        "_wanted",
+    )
+
+    def __init__(self, factory: PubSubFactory | None = None) -> None:
+        self._factory = factory
+        self._subs: dict[str, list[Subscription]] = {}
+        self._pubsub: Any = None
+        self._reader: asyncio.Task[None] | None = None
+        self._confirmed: dict[str, asyncio.Future[None]] = {}
+        self._wanted = asyncio.Event() if factory is not None else None
+        self._closed = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def subscribe(self, channel: str, *, wake_all: bool = False) -> Subscription:
+        """A subscription to enter with ``async with`` before the attempt it guards."""
+        return Subscription(self, channel, wake_all)
+
+    def deliver(self, channel: str, payload: bytes | str = b"") -> None:
+        """Hand one published message to the local waiters of ``channel``."""
+        subs = self._subs.get(channel)
+        if not subs:
+            return
+        data = payload.encode() if isinstance(payload, str) else payload
+        one: Subscription | None = None
+        for sub in subs:
+            if sub.wake_all:
+                sub._wake(data)
+            elif one is None and not sub.woken:
+                one = sub
+        if one is not None:
+            one._wake(data)
+
+    # -- subscription bookkeeping ----------------------------------------------------------
+
+    async def _add(self, sub: Subscription) -> None:
+        subs = self._subs.setdefault(sub.channel, [])
+        subs.append(sub)
+        if self._factory is None or self._closed:
+            return
+        confirmed = self._confirmed.get(sub.channel)
+        if confirmed is None:
+            confirmed = asyncio.get_running_loop().create_future()
+            self._confirmed[sub.channel] = confirmed
+            self._ensure_reader()
+            await self._send("subscribe", sub.channel)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(confirmed), CONFIRM_TIMEOUT)
+
+    def _remove(self, sub: Subscription) -> None:
+        subs = self._subs.get(sub.channel)
+        if subs is None:
+            return
+        with contextlib.suppress(ValueError):
+            subs.remove(sub)
+        if not subs:
+            del self._subs[sub.channel]
+            fut = self._confirmed.pop(sub.channel, None)
+            if fut is not None and not fut.done():
+                fut.cancel()
+            if self._pubsub is not None and not self._closed:
+                # Fire and forget: a stale server-side subscription only costs ignored messages.
+                task = asyncio.get_running_loop().create_task(
+                    self._send("unsubscribe", sub.channel)
+                )
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, command: str, channel: str) -> None:
+        if self._closed or (self._pubsub is None and command != "subscribe"):
+            return
+        try:
+            if self._pubsub is None:
+                assert self._factory is not None
+                self._pubsub = self._factory()
+            await getattr(self._pubsub, command)(channel)
+            if command == "subscribe" and self._wanted is not None:
+                self._wanted.set()
+        except Exception as exc:  # the reader reconnects; waiters have fallback timers
+            log.debug("aioratelimit: pub/sub %s %s failed: %r", command, channel, exc)
+            if command == "subscribe":
+                await self._drop_pubsub()
+
+    # -- the reader task -------------------------------------------------------------------
+
+    def _ensure_reader(self) -> None:
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+
+    async def _read_loop(self) -> None:
+        backoff = 0.05
+        assert self._wanted is not None
+        while not self._closed:
+            try:
+                if self._pubsub is None and self._subs:
+                    await self._resubscribe()
+                if self._pubsub is None or not self._wanted.is_set():
+                    # Nothing subscribed yet (or the SUBSCRIBE is still under way).
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._wanted.wait(), 1.0)
+                    continue
+                msg = await self._pubsub.get_message(ignore_subscribe_messages=False, timeout=1.0)
+                backoff = 0.05
+                if msg is not None:
+                    self._dispatch(msg)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # The subscriber connection broke (server restart, failover): start over with
+                # a new one. Waiters meanwhile rely on their fallback timers.
+                log.debug("aioratelimit: pub/sub reader error, reconnecting: %r", exc)
+                await self._drop_pubsub()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+
+    async def _resubscribe(self) -> None:
+        for channel in list(self._subs):
+            fut = self._confirmed.get(channel)
+            if fut is None or fut.done():
+                self._confirmed[channel] = asyncio.get_running_loop().create_future()
+            await self._send("subscribe", channel)
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("type")
+        channel = msg.get("channel")
+        if isinstance(kind, bytes):
+            kind = kind.decode()
+        if isinstance(channel, bytes):
+            channel = channel.decode("utf-8", "replace")
+        if not isinstance(channel, str):
+            return
+        if kind in ("subscribe", "ssubscribe"):
+            fut = self._confirmed.get(channel)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+        elif kind in ("message", "smessage"):
+            data = msg.get("data")
+            self.deliver(channel, data if isinstance(data, (bytes, str)) else b"")
+
+    async def _drop_pubsub(self) -> None:
+        if self._wanted is not None:
+            self._wanted.clear()
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+
+    async def aclose(self) -> None:
+        """Stop the reader and close the subscriber connection; wake every waiter."""
+        self._closed = True
+        pending = list(self._tasks)
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            pending.append(reader)
+        for task in pending:
+            task.cancel()
+        for task in pending:
+            with contextlib.suppress(BaseException):
+                await task
+        await self._drop_pubsub()
+        for subs in list(self._subs.values()):
+            for sub in subs:
+                sub._wake(b"")
