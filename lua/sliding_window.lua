@@ -25,14 +25,14 @@ local slots = n + 1
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
+local floor, tostring, tonumber = math.floor, tostring, tonumber
+
 -- floor(a / b) for non-negative integers, exact even where a / b rounds up to an integer.
 local function idiv(a, b)
-  local q = math.floor(a / b)
+  local q = floor(a / b)
   if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
   return q
 end
-
-local function slot(idx) return tostring(idx - idiv(idx, slots) * slots) end
 
 local allowed = 1
 local best_limit, best_rem, best_reset, best_retry = 0, -1, 0, 0
@@ -44,18 +44,23 @@ for i = 1, #KEYS do
   local c = idiv(now, b)
   local raw = redis.call('HGETALL', KEYS[i])
   local h = {}
-  for j = 1, #raw, 2 do h[raw[j]] = tonumber(raw[j + 1]) end
-  local last = h['c'] or -1
+  for j = 1, #raw, 2 do h[raw[j]] = raw[j + 1] end
+  local last = tonumber(h['c']) or -1
   -- A clock step backwards must not reopen counted buckets: count into the newest one.
   if last > c then c = last end
-  -- counts[k] = hits in bucket c - n + k, oldest first (k = 0 .. n)
+  -- counts[k] = hits in bucket c - n + k, oldest first (k = 0 .. n). The ring holds the
+  -- buckets last - n .. last; only those still inside the window are read.
   local counts, sum = {}, 0
-  for k = 0, n do
-    local idx = c - n + k
-    local v = 0
-    if idx <= last and idx > last - slots then v = h[slot(idx)] or 0 end
-    counts[k] = v
+  for k = 0, n do counts[k] = 0 end
+  local first = c - n
+  if last - n > first then first = last - n end
+  local s = first - idiv(first, slots) * slots
+  for idx = first, last do
+    local v = tonumber(h[tostring(s)]) or 0
+    counts[idx - c + n] = v
     sum = sum + v
+    s = s + 1
+    if s == slots then s = 0 end
   end
   size[i], current[i], newest[i] = b, c, last
   local rem = limit - sum
@@ -87,16 +92,29 @@ end
 if allowed == 1 and commit then
   for i = 1, #KEYS do
     local c, last = current[i], newest[i]
-    if c - last > n then
-      -- Nothing in the ring is inside the window any more.
-      redis.call('DEL', KEYS[i])
+    local s = c - idiv(c, slots) * slots
+    if c == last then
+      -- Still in the newest bucket: one increment, the expiry already fits.
+      redis.call('HINCRBY', KEYS[i], tostring(s), cost)
     else
-      -- Slots of the buckets after `last` still hold counts from one ring turn ago.
-      for idx = last + 1, c do redis.call('HDEL', KEYS[i], slot(idx)) end
+      if c - last > n then
+        -- Nothing in the ring is inside the window any more.
+        if last >= 0 then redis.call('DEL', KEYS[i]) end
+      elseif c - last > 1 then
+        -- Slots of the skipped buckets still hold counts from one ring turn ago.
+        local stale, x = {}, s - (c - last - 1)
+        if x < 0 then x = x + slots end
+        for _ = last + 1, c - 1 do
+          stale[#stale + 1] = tostring(x)
+          x = x + 1
+          if x == slots then x = 0 end
+        end
+        redis.call('HDEL', KEYS[i], unpack(stale))
+      end
+      -- The slot of bucket c held bucket c - n - 1, long gone: overwrite it.
+      redis.call('HSET', KEYS[i], tostring(s), cost, 'c', string.format('%.0f', c))
+      redis.call('PEXPIREAT', KEYS[i], math.ceil((c + n + 1) * size[i] / 1000))
     end
-    redis.call('HINCRBY', KEYS[i], slot(c), cost)
-    redis.call('HSET', KEYS[i], 'c', string.format('%.0f', c))
-    redis.call('PEXPIREAT', KEYS[i], math.ceil((c + n + 1) * size[i] / 1000))
   end
 end
 
