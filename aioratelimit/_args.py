@@ -16,6 +16,11 @@ def to_us(seconds: float) -> int:
     return math.ceil(seconds * US - 1e-6)
 
 
+def to_ms(seconds: float) -> int:
+    """Seconds (already validated) to whole milliseconds, rounded up (for PX and PEXPIRE)."""
+    return -(-to_us(seconds) // 1000)
+
+
 def from_us(us: int | float) -> float:
     """Microseconds from a script reply to seconds."""
     return us / US

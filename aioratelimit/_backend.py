@@ -10,6 +10,7 @@ becomes ``BackendUnavailable`` here, with the original chained.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
@@ -27,12 +28,13 @@ from ._scripts import Script
 log = logging.getLogger("aioratelimit")
 
 #: Defaults of the pool that ``from_url`` builds.
-DEFAULT_MAX_CONNECTIONS = 50
+DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_TIMEOUT = 5.0
 DEFAULT_CONNECT_TIMEOUT = 2.0
 
-_SCHEMES = ("redis://", "rediss://", "unix://", "memory://")
-_LATER_SCHEMES = ("redis+cluster://", "redis+sentinel://")
+_SCHEMES = (
+    "redis://", "rediss://", "unix://", "redis+cluster://", "redis+sentinel://", "memory://"
+)  # fmt: skip
 
 
 class Store(Protocol):
@@ -68,29 +70,94 @@ def _unavailable(exc: BaseException) -> BackendUnavailable:
     return BackendUnavailable(f"Redis is unreachable: {exc or type(exc).__name__}")
 
 
+_timeout_cm: Any = getattr(asyncio, "timeout", None)  # Python 3.11+
+
+
+
+def socket_timeout(timeout: float) -> float | None:
+    """The socket timeout for pooled connections: none where the store bounds each call
+    itself with ``asyncio.timeout`` (Python 3.11+), else ``timeout``."""
+    return None if _timeout_cm is not None else timeout
+
+
+def op_timeout(timeout: float) -> float | None:
+    """The per-call bound ``RedisStore.run`` applies (the other half of ``socket_timeout``)."""
+    return timeout if _timeout_cm is not None else None
+
+
 _TRANSLATED = (redis_errors.RedisError, OSError, asyncio.TimeoutError)
 
 
 class RedisStore:
     """Runs scripts by EVALSHA on one shared ``redis.asyncio`` client."""
 
-    __slots__ = ("_client", "_notifier", "_owned")
+    #: The command scripts publish wake-ups with (see ``Backend.publish_command``).
+    publish_command = "PUBLISH"
 
-    def __init__(self, client: _ScriptClient, *, owned: bool) -> None:
+    __slots__ = ("_client", "_gate", "_gate_timeout", "_notifier", "_op_timeout", "_owned")
+
+    def __init__(
+        self,
+        client: _ScriptClient,
+        *,
+        owned: bool,
+        max_calls: int | None = None,
+        gate_timeout: float = DEFAULT_TIMEOUT,
+        op_timeout: float | None = None,
+    ) -> None:
         self._client = client
+        # Bounds each call (send and reply) here, in this task, when the connections have no
+        # socket timeout of their own (see _socket_timeout): redis-py sends under
+        # asyncio.wait_for whenever a socket timeout is set, which before Python 3.12 starts
+        # a task per command and can lose a cancellation.
+        self._op_timeout = op_timeout
         self._owned = owned
         self._notifier: Notifier | None = None
+        # Bounds the calls in flight to the pool's size, so the pool never runs out (see
+        # Backend.from_url). A free slot costs one non-blocking acquire; redis-py's
+        # BlockingConnectionPool costs a Condition, a timeout and a context manager per call.
+        self._gate = None if max_calls is None else asyncio.Semaphore(max_calls)
+        self._gate_timeout = gate_timeout
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+        gate = self._gate
+        if gate is not None:
+            if gate.locked():
+                await self._wait_for_slot(gate)
+            else:
+                await gate.acquire()  # returns at once: a slot is free
         try:
-            try:
-                return await self._client.evalsha(script.sha, len(keys), *keys, *args)
-            except redis_errors.NoScriptError:
-                # After SCRIPT FLUSH, a restart or a failover: EVAL runs it and caches it
-                # again on the node that owns the keys, inside the same call.
-                return await self._client.eval(script.source, len(keys), *keys, *args)
+            if self._op_timeout is None:
+                return await self._call(script, keys, args)
+            async with _timeout_cm(self._op_timeout):
+                return await self._call(script, keys, args)
         except _TRANSLATED as exc:
             raise _unavailable(exc) from exc
+        finally:
+            if gate is not None:
+                gate.release()
+
+    async def _call(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+        try:
+            return await self._client.evalsha(script.sha, len(keys), *keys, *args)
+        except redis_errors.NoScriptError:
+            # After SCRIPT FLUSH, a restart or a failover: EVAL runs it and caches it
+            # again on the node that owns the keys, inside the same call.
+            return await self._client.eval(script.source, len(keys), *keys, *args)
+
+    async def _wait_for_slot(self, gate: asyncio.Semaphore) -> None:
+        """Every pooled connection is busy: wait for one, at most ``gate_timeout`` seconds."""
+        try:
+            if _timeout_cm is not None:
+                # asyncio.timeout runs in this task; wait_for would start a task per wait.
+                async with _timeout_cm(self._gate_timeout):
+                    await gate.acquire()
+            else:  # Python 3.10
+                await asyncio.wait_for(gate.acquire(), self._gate_timeout)
+        except (asyncio.TimeoutError, TimeoutError) as exc:
+            raise BackendUnavailable(
+                f"no pooled connection came free within {self._gate_timeout} s"
+            ) from exc
 
     @property
     def client(self) -> _ScriptClient:
@@ -125,6 +192,7 @@ class _DedicatedPubSub:
             connection_class=pool.connection_class, max_connections=1, **kwargs
         )
         self._pubsub: Any = aredis.Redis.from_pool(self._pool).pubsub()
+        self._closed = False
 
     @property
     def subscribed(self) -> bool:
@@ -132,6 +200,11 @@ class _DedicatedPubSub:
 
     async def subscribe(self, channel: str) -> None:
         await self._pubsub.subscribe(channel)
+        if self._closed:
+            # Closed while it connected (the Notifier dropped it after a failure): the
+            # connection opened after aclose(), and nobody will read or close it.
+            await self.aclose()
+            raise ConnectionError("the subscriber was closed while subscribing")
 
     async def unsubscribe(self, channel: str) -> None:
         await self._pubsub.unsubscribe(channel)
@@ -142,6 +215,7 @@ class _DedicatedPubSub:
         )
 
     async def aclose(self) -> None:
+        self._closed = True
         try:
             await self._pubsub.aclose()
         finally:
@@ -151,8 +225,9 @@ class _DedicatedPubSub:
 class Backend:
     """One store (Redis or memory) and the key prefix shared by every primitive using it.
 
-    ``Backend(client)`` wraps a ``redis.asyncio.Redis`` the application already has (it is
-    not closed by ``aclose``); ``Backend.from_url(url)`` builds and owns a bounded pool.
+    ``Backend(client)`` wraps a ``redis.asyncio.Redis``, ``RedisCluster`` or Sentinel master
+    client the application already has (it is not closed by ``aclose``);
+    ``Backend.from_url(url)`` builds and owns a bounded pool.
     """
 
     __slots__ = ("_store", "prefix", "run", "url")
@@ -168,7 +243,7 @@ class Backend:
             raise TypeError(
                 f"Backend(client) needs a redis.asyncio client, not {type(client).__name__}"
             )
-        self._store: Store = RedisStore(client, owned=False)
+        self._store: Store = _wrap(client)
         self.run = self._store.run
         self.prefix = _check_prefix(prefix)
         self.url = "client://"
@@ -198,7 +273,10 @@ class Backend:
         ``max_connections`` bounds the pool; when every connection is busy a call waits for
         one. ``timeout`` (seconds) bounds that wait and each reply; ``connect_timeout`` each
         connection attempt. Past either, the call raises ``BackendUnavailable``. Other
-        keyword arguments go to ``redis.asyncio.BlockingConnectionPool.from_url``.
+        keyword arguments go to ``redis.asyncio.ConnectionPool.from_url`` (to ``RedisCluster``
+        for ``redis+cluster://``, to ``Sentinel.master_for`` for ``redis+sentinel://``). On a
+        cluster, ``max_connections`` bounds the calls in flight through the backend, and so
+        the connections to each node.
         """
         if not isinstance(url, str):
             raise TypeError(f"url must be a str, not {type(url).__name__}")
@@ -207,22 +285,39 @@ class Backend:
         connect_timeout = check_seconds(connect_timeout, "connect_timeout")
         if url.startswith("memory://"):
             return cls._of(MemoryStore(), prefix=prefix, url=url)
-        if url.startswith(_LATER_SCHEMES):
-            raise ValueError(f"{url.split('://')[0]}:// is not supported yet")
+        if url.startswith(("redis+cluster://", "redis+sentinel://")):
+            from ._cluster import cluster_store
+            from ._sentinel import sentinel_store
+
+            build = cluster_store if url.startswith("redis+cluster://") else sentinel_store
+            multi = build(
+                url,
+                max_connections=max_connections,
+                timeout=timeout,
+                connect_timeout=connect_timeout,
+                **redis_options,
+            )
+            return cls._of(multi, prefix=prefix, url=url)
         if not url.startswith(_SCHEMES):
             raise ValueError(f"unsupported URL {url!r}: expected one of {', '.join(_SCHEMES)}")
         import redis.asyncio as aredis
 
-        pool = aredis.BlockingConnectionPool.from_url(
+        pool = aredis.ConnectionPool.from_url(
             url,
             max_connections=max_connections,
-            timeout=timeout,
-            socket_timeout=timeout,
+            socket_timeout=socket_timeout(timeout),
             socket_connect_timeout=connect_timeout,
-            **redis_options,
+            **_reconnecting(aredis.ConnectionPool, redis_options),
         )
         client = aredis.Redis.from_pool(pool)  # owns the pool: aclose disconnects it
-        return cls._of(RedisStore(client, owned=True), prefix=prefix, url=url)
+        store = RedisStore(
+            client,
+            owned=True,
+            max_calls=max_connections,
+            gate_timeout=timeout,
+            op_timeout=op_timeout(timeout),
+        )
+        return cls._of(store, prefix=prefix, url=url)
 
     @property
     def store(self) -> Store:
@@ -232,6 +327,13 @@ class Backend:
     def notifier(self) -> Notifier:
         """The backend's shared pub/sub subscriber (see ``_notify``)."""
         return self._store.notifier
+
+    @property
+    def publish_command(self) -> str:
+        """What a script that wakes waiters publishes with, passed to it as an argument:
+        ``"SPUBLISH"`` on Redis Cluster (shard-local, heard by ``notifier``), else
+        ``"PUBLISH"``. The channel must carry the hash tag of the script's keys."""
+        return str(getattr(self._store, "publish_command", "PUBLISH"))
 
     async def aclose(self) -> None:
         """Close the pool this backend owns (a wrapped client is left open)."""
@@ -250,6 +352,37 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"<Backend {_redact(self.url)} prefix={self.prefix!r}>"
+
+
+def _wrap(client: Any) -> Store:
+    """The store for a client the application passes in (never closed by the backend)."""
+    from redis.asyncio.cluster import RedisCluster
+
+    if isinstance(client, RedisCluster):
+        from ._cluster import ClusterStore
+
+        # Bound calls in flight by the client's per-node pool size, so that pool never
+        # fails fast with MaxConnectionsError: callers queue instead.
+        size = int(client.get_connection_kwargs().get("max_connections") or 100)
+        return ClusterStore(client, owned=False, max_calls=size, gate_timeout=DEFAULT_TIMEOUT)
+    return RedisStore(client, owned=False)
+
+
+def _reconnecting(pool_class: type, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with redis-py's maintenance notifications off unless asked for.
+
+    redis-py 8 turns them on ("auto") for every RESP3 pool, and such a pool skips its check
+    of a pooled connection on checkout, so after a server restart the first call on each
+    stale connection fails with "Connection closed by server" instead of reconnecting
+    (the regression redis/redis-py#4260 fixes). Off, the pool reconnects on checkout again.
+    """
+    if "maint_notifications_config" in options:
+        return options
+    if "maint_notifications_config" not in inspect.signature(pool_class).parameters:
+        return options  # a redis-py without them: nothing to turn off
+    from redis.maint_notifications import MaintNotificationsConfig
+
+    return {**options, "maint_notifications_config": MaintNotificationsConfig(enabled=False)}
 
 
 def _check_prefix(prefix: object) -> str:

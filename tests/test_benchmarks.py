@@ -1,0 +1,55 @@
+"""Every ``benchmarks/bench_*.py`` still runs: a tiny smoke run of each against the suite's server.
+
+No timing is asserted: a smoke run (REPS=2, SCALE=0.01) only proves the script works end to
+end, prints its Markdown tables and cleans up its keys.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+SCRIPTS = sorted(BENCHMARKS.glob("bench_*.py"))
+#: A Markdown table's header separator line, e.g. ``|------|---|``.
+TABLE_RULE = re.compile(r"^\|(-+\|)+$", re.MULTILINE)
+
+
+def bench_keys(client: redis.Redis) -> set[bytes]:
+    return set(client.scan_iter(match="arlb:*", count=1000))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])
+def test_benchmark_smoke_run(
+    script: Path, redis_url: str, sync_redis: redis.Redis, request: pytest.FixtureRequest
+) -> None:
+    """The script exits 0, prints Markdown tables, and leaves no key of its own behind."""
+    before = bench_keys(sync_redis)
+    env = {**os.environ, "REDIS_URL": redis_url, "REPS": "2", "SCALE": "0.01"}
+    if script.stem == "bench_cluster":  # its cluster rows too, on the suite's shared cluster
+        env["REDIS_CLUSTER_URL"] = request.getfixturevalue("cluster_url")
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        env=env,
+        cwd=BENCHMARKS.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("# "), done.stdout[:500]
+    assert TABLE_RULE.search(done.stdout), done.stdout[-2000:]
+    assert bench_keys(sync_redis) <= before
+
+
+def test_every_benchmark_is_found() -> None:
+    """The smoke run above covers at least the rate-limit benchmark (the glob still matches)."""
+    assert BENCHMARKS / "bench_ratelimit.py" in SCRIPTS
