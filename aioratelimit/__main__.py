@@ -1,0 +1,8 @@
+"""``python -m aioratelimit``: the same as the ``aioratelimit`` command."""
+
+import sys
+
+from ._cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
