@@ -33,41 +33,63 @@ CONFIRM_TIMEOUT = 1.0
 PubSubFactory = Callable[[], Any]  # returns a redis.asyncio PubSub (or a compatible object)
 
 
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class Subscription:
     """One local waiter on one channel; ``wait()`` returns True once per delivered message."""
 
-    __slots__ = ("_event", "_notifier", "channel", "message", "wake_all")
+    __slots__ = ("_notifier", "_waiter", "_woken", "channel", "message", "wake_all")
 
     def __init__(self, notifier: Notifier, channel: str, wake_all: bool) -> None:
         self._notifier = notifier
         self.channel = channel
         self.wake_all = wake_all
-        self._event = asyncio.Event()
+        self._woken = False
+        # The future ``wait`` sleeps on (a plain future: unlike asyncio.wait_for before
+        # Python 3.12, awaiting it never swallows a cancellation that comes with a message).
+        self._waiter: asyncio.Future[None] | None = None
         #: the payload of the last message delivered to this waiter
         self.message: bytes | None = None
 
     @property
     def woken(self) -> bool:
-        return self._event.is_set()
+        return self._woken
 
     def _wake(self, payload: bytes) -> None:
         self.message = payload
-        self._event.set()
+        self._woken = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def wait(self, timeout: float | None) -> bool:
         """Wait for a message (one already delivered counts); False after ``timeout`` s."""
-        if not self._event.is_set():
+        if not self._woken:
             if timeout is not None and timeout <= 0:
                 return False
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            timer = None if timeout is None else loop.call_later(timeout, _expire, waiter)
             try:
-                await asyncio.wait_for(self._event.wait(), timeout)
-            except asyncio.TimeoutError:
+                await waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+            if not self._woken:
                 return False
-        self._event.clear()
+        self._woken = False
         return True
 
     async def __aenter__(self) -> Subscription:
-        await self._notifier._add(self)
+        try:
+            await self._notifier._add(self)
+        except BaseException:  # cancelled while subscribing: leave no dead waiter behind
+            self._notifier._remove(self)
+            raise
         return self
 
     async def __aexit__(
@@ -142,8 +164,9 @@ class Notifier:
             self._confirmed[sub.channel] = confirmed
             self._ensure_reader()
             await self._send("subscribe", sub.channel)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(confirmed), CONFIRM_TIMEOUT)
+        # asyncio.wait neither cancels the shared future on timeout nor, unlike wait_for
+        # before Python 3.12, swallows our own cancellation when both happen at once.
+        await asyncio.wait((confirmed,), timeout=CONFIRM_TIMEOUT)
 
     def _remove(self, sub: Subscription) -> None:
         subs = self._subs.get(sub.channel)
@@ -168,10 +191,19 @@ class Notifier:
         if self._closed or (self._pubsub is None and command != "subscribe"):
             return
         try:
-            if self._pubsub is None:
+            fresh = self._pubsub is None
+            if fresh:
                 assert self._factory is not None
                 self._pubsub = self._factory()
             await getattr(self._pubsub, command)(channel)
+            if fresh:
+                # A new connection (after a failure): every channel still waited on needs
+                # subscribing on it, not only this one, or the reader would not resubscribe.
+                for other in [c for c in self._subs if c != channel]:
+                    fut = self._confirmed.get(other)
+                    if fut is None or fut.done():
+                        self._confirmed[other] = asyncio.get_running_loop().create_future()
+                    await self._pubsub.subscribe(other)
             if command == "subscribe" and self._wanted is not None:
                 self._wanted.set()
         except Exception as exc:  # the reader reconnects; waiters have fallback timers

@@ -1,0 +1,71 @@
+-- semaphore_acquire: take one of `limit` slots for `token`, with a fencing token.
+-- Holders are a ZSET of tokens scored by their expiry (ms, > 0). A released token stays as a
+-- tombstone scored by minus its tombstone's expiry (< 0; semaphore_release.lua), so every
+-- member is live while |score| > now; the others are pruned on every call. Sent again with a
+-- token that holds a slot (a reply was lost), it returns the same fence and sets the TTL anew;
+-- a late copy of an acquire whose token was already released takes nothing.
+--
+-- The fence is max(last fence + 1, server clock in microseconds), as in lock_acquire.lua: the
+-- hash that keeps it expires only after its last holder's expiry, when the clock has passed
+-- every fence it issued.
+--
+-- KEYS[1]  holders (ZSET: token -> expiry_ms while held, -expiry_ms of its tombstone once released)
+-- KEYS[2]  fences  (HASH: '#' -> last fence issued, token -> that holder's fence)
+-- ARGV[1]  token   the acquisition's random token (hex)
+-- ARGV[2]  ttl_ms  how long the slot is held, milliseconds (integer >= 1)
+-- ARGV[3]  limit   the most holders at once (integer >= 1)
+--
+-- Reply: {1, fence}    holds a slot now (fresh, or the same acquisition again);
+--        {0, wait_ms}  all `limit` slots are held: wait_ms until the soonest expires.
+local token = ARGV[1]
+local ttl = tonumber(ARGV[2])
+local limit = tonumber(ARGV[3])
+
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- Drop expired holders and tombstones (|score| <= now) and the fences of the holders.
+local gone = redis.call('ZRANGEBYSCORE', KEYS[1], -now, now)
+if #gone > 0 then
+  for i = 1, #gone, 1000 do
+    redis.call('HDEL', KEYS[2], unpack(gone, i, math.min(i + 999, #gone)))
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], -now, now)
+end
+
+-- Both keys live exactly as long as their longest-lived member.
+local function expire_at_latest()
+  local latest = 0
+  local top = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  local bottom = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if top[2] then latest = math.max(latest, tonumber(top[2])) end
+  if bottom[2] then latest = math.max(latest, -tonumber(bottom[2])) end
+  if latest > 0 then
+    redis.call('PEXPIREAT', KEYS[1], latest)
+    redis.call('PEXPIREAT', KEYS[2], latest)
+  end
+end
+
+local score = redis.call('ZSCORE', KEYS[1], token)
+if score then
+  if tonumber(score) > 0 then
+    redis.call('ZADD', KEYS[1], now + ttl, token)
+    expire_at_latest()
+    return {1, tonumber(redis.call('HGET', KEYS[2], token) or '0')}
+  end
+  return {0, -tonumber(score) - now}
+end
+
+if redis.call('ZCOUNT', KEYS[1], '(0', '+inf') >= limit then
+  local first = redis.call('ZRANGEBYSCORE', KEYS[1], '(0', '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  return {0, tonumber(first[2]) - now}
+end
+
+local fence = tonumber(redis.call('HGET', KEYS[2], '#') or '0') + 1
+if fence < now_us then fence = now_us end
+local f = string.format('%.0f', fence)
+redis.call('HSET', KEYS[2], '#', f, token, f)
+redis.call('ZADD', KEYS[1], now + ttl, token)
+expire_at_latest()
+return {1, fence}

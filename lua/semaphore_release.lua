@@ -1,0 +1,56 @@
+-- semaphore_release: give back the slot `token` holds, leaving its tombstone (score
+-- -(now + tomb_ms)) so that sending it again is not an error, and wake one waiter per process.
+-- On a token that holds nothing it writes the tombstone too, so a late copy of this token's
+-- acquire (cancelled, its reply never read) can never take a slot afterwards.
+--
+-- KEYS[1]  holders (ZSET: token -> expiry_ms while held, -expiry_ms of its tombstone once released)
+-- KEYS[2]  fences  (HASH: '#' -> last fence issued, token -> that holder's fence)
+-- ARGV[1]  token    the acquisition's random token
+-- ARGV[2]  tomb_ms  how long the tombstone lives, milliseconds (integer >= 1; the lease's ttl)
+-- ARGV[3]  channel  the semaphore's wake-up channel (same hash tag), told when a slot is freed
+-- ARGV[4]  publish  the command that wakes them: 'PUBLISH', or 'SPUBLISH' on a cluster
+--
+-- Reply: 1 released now; 2 released already by this token; 0 not held (it expired, or the
+--        acquire never arrived).
+local token = ARGV[1]
+local tomb_ms = tonumber(ARGV[2])
+local channel = ARGV[3]
+local publish = ARGV[4]
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- Drop expired holders and tombstones (|score| <= now) and the fences of the holders.
+local gone = redis.call('ZRANGEBYSCORE', KEYS[1], -now, now)
+if #gone > 0 then
+  for i = 1, #gone, 1000 do
+    redis.call('HDEL', KEYS[2], unpack(gone, i, math.min(i + 999, #gone)))
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], -now, now)
+end
+
+-- Both keys live exactly as long as their longest-lived member.
+local function expire_at_latest()
+  local latest = 0
+  local top = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  local bottom = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if top[2] then latest = math.max(latest, tonumber(top[2])) end
+  if bottom[2] then latest = math.max(latest, -tonumber(bottom[2])) end
+  if latest > 0 then
+    redis.call('PEXPIREAT', KEYS[1], latest)
+    redis.call('PEXPIREAT', KEYS[2], latest)
+  end
+end
+
+local score = redis.call('ZSCORE', KEYS[1], token)
+if score and tonumber(score) < 0 then
+  return 2
+end
+local code = 0
+if score then code = 1 end
+
+redis.call('ZADD', KEYS[1], -(now + tomb_ms), token)
+redis.call('HDEL', KEYS[2], token)
+expire_at_latest()
+redis.call(publish, channel, '')
+return code
