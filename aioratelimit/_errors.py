@@ -12,7 +12,9 @@
     ├── IdempotencyKeyMismatch  the key was used with another fingerprint (.key)
     └── BackendUnavailable      Redis unreachable, timed out or failing (cause chained)
 
-Bad arguments raise the built-in ``ValueError`` / ``TypeError`` before any I/O.
+Bad arguments raise the built-in ``ValueError`` / ``TypeError`` before any I/O. One more
+``ValueError`` carries data: ``ResultTooLarge`` (an ``@idempotent`` result over its cap;
+.key, .size, .limit), raised after the function ran, with nothing stored.
 """
 
 from __future__ import annotations
@@ -84,3 +86,18 @@ class IdempotencyKeyMismatch(AioRateLimitError):
 
 class BackendUnavailable(AioRateLimitError):
     """Redis could not be reached or answered with an error; the cause is chained."""
+
+
+class ResultTooLarge(ValueError):
+    """An ``@idempotent`` result, serialized, is over ``max_result_bytes``: nothing was
+    stored and the key was released (the function did run)."""
+
+    def __init__(self, message: str = "", *, key: str, size: int, limit: int) -> None:
+        super().__init__(
+            message
+            or f"the result of idempotency key {key!r} is {size} bytes, over the cap of"
+            f" {limit}: nothing was stored and the key was released"
+        )
+        self.key = key
+        self.size = size
+        self.limit = limit

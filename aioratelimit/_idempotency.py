@@ -1,0 +1,523 @@
+"""Idempotency keys: ``@idempotent``, and the store of claims it is built on.
+
+One Redis hash per idempotency key holds its state, and each transition is one script,
+fenced by the random owner token the claim was given:
+
+- ``lua/idem_claim.lua``: claim the key (missing, or in progress past its lease), or
+  replay the stored result, or report a fingerprint mismatch, or the lease still running;
+- ``lua/idem_renew.lua``: push the lease further, while this owner holds it;
+- ``lua/idem_complete.lua``: store the result for ``ttl``, while this owner holds it;
+- ``lua/idem_release.lua``: drop the record without a result, while this owner holds it.
+
+Completion and release PUBLISH on the key's channel, which wakes ``wait()``-ers.
+
+Internal API (stable: the HTTP middleware builds on it; payloads are opaque ``bytes``)::
+
+    store = IdempotencyStore(backend=None, *, ttl=86400.0, lease=30.0, name=None,
+                             max_bytes=MAX_RESULT_BYTES)
+    outcome = await store.claim(key, fingerprint=None)
+        # -> Claimed | Replay | InProgress; raises IdempotencyKeyMismatch (nothing claimed).
+        # ``fingerprint`` is str | bytes | None (hashed here; None matches only None).
+    outcome = await store.wait(key, fingerprint=None, timeout=None)
+        # claim, and while InProgress wait for the holder's completion or release (pub/sub,
+        # with a fallback timer of min(lease left, 1 s)); -> Claimed | Replay, or the last
+        # InProgress once ``timeout`` seconds have passed.
+    async with store.running(claimed):          # renews the lease every lease/3 meanwhile;
+        payload = ...                           # leaving the block without complete()
+        await store.complete(claimed, payload)  # (an exception, a cancellation) releases
+                                                # the key, shielded from cancellation.
+    await store.complete(claimed, payload) -> bool  # False: this owner lost the record.
+        # Raises ResultTooLarge (a ValueError) before any I/O if len(payload) > max_bytes.
+    await store.renew(claimed) -> bool
+    await store.release(claimed) -> bool
+
+    Replay(key, payload: bytes)           InProgress(key, retry_after: float seconds)
+    Claimed: .key, .owner, .settled (completed or released), .lost (renewal refused)
+
+A cancelled or failed ``claim`` releases what its owner token may hold, so a claim whose
+reply was lost does not keep the key until its lease passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import inspect
+import itertools
+import json
+import logging
+import os
+import secrets
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, ParamSpec, Protocol, TypeVar, cast
+
+from . import _keys, _scripts
+from ._args import check_int, check_key, check_seconds, check_timeout, from_us, to_us
+from ._backend import Backend, get_backend
+from ._errors import (
+    BackendUnavailable,
+    IdempotencyInProgress,
+    IdempotencyKeyMismatch,
+    ResultTooLarge,
+)
+
+log = logging.getLogger("aioratelimit")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: Default cap on one stored result, in bytes (after serialization).
+MAX_RESULT_BYTES = 1 << 20
+
+#: Longest sleep of a waiter between two claims when no wake-up arrives (a lost message).
+FALLBACK_WAIT = 1.0
+
+# Release tasks started from cleanups, kept referenced until they finish.
+_pending: set[asyncio.Task[None]] = set()
+
+
+class Serializer(Protocol):
+    """How results are stored: ``dumps(obj) -> bytes | str`` and ``loads(bytes) -> obj``.
+
+    Any object (or module, like ``pickle``) with these two functions fits.
+    """
+
+    def dumps(self, obj: Any, /) -> bytes | str: ...
+
+    def loads(self, data: bytes, /) -> Any: ...
+
+
+class JsonSerializer:
+    """The default serializer: compact UTF-8 JSON."""
+
+    __slots__ = ()
+
+    # One encoder and decoder for all calls: json.dumps/loads with options build a new one
+    # each time, and json.loads of bytes first sniffs their encoding (replays are hot).
+    _encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+    _decoder = json.JSONDecoder()
+
+    def dumps(self, obj: Any, /) -> bytes:
+        return self._encoder.encode(obj).encode()
+
+    def loads(self, data: bytes, /) -> Any:
+        text = data.decode()
+        obj, end = self._decoder.raw_decode(text)
+        if end != len(text):
+            raise json.JSONDecodeError("extra data after the stored result", text, end)
+        return obj
+
+    def __repr__(self) -> str:
+        return "<JsonSerializer>"
+
+
+JSON = JsonSerializer()
+
+
+# -- outcomes of a claim -------------------------------------------------------------------
+
+
+@dataclass(slots=True)  # not frozen: this is the hot path, and frozen costs a setattr call
+class Replay:
+    """The key's call completed earlier; ``payload`` is what it stored (read-only)."""
+
+    key: str
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class InProgress:
+    """Another owner holds the key; its lease ends in ``retry_after`` seconds (unless renewed)."""
+
+    key: str
+    retry_after: float
+
+
+class Claimed:
+    """This attempt holds the key: run the call, then ``complete`` or ``release``."""
+
+    __slots__ = ("_backend", "_record", "_renewal", "_wake", "key", "lost", "owner", "settled")
+
+    def __init__(self, backend: Backend, key: str, record: str, channel: str, owner: str) -> None:
+        self._backend = backend
+        self._record = record
+        # The scripts' last two arguments: where and how completion and release wake waiters.
+        self._wake = (channel, backend.publish_command)
+        self.key = key
+        #: the token, unique to this attempt, that fences every later script of it
+        self.owner = owner
+        #: True once complete() or release() has answered (the record is no longer ours)
+        self.settled = False
+        #: True if a renewal was refused: the lease passed and the key may be someone else's
+        self.lost = False
+        self._renewal: asyncio.Task[None] | None = None  # while in ``store.running``
+
+    def _stop_renewal(self) -> None:
+        # Before completing or releasing: a renewal answered after those would be refused
+        # and taken for a lost lease.
+        if self._renewal is not None:
+            self._renewal.cancel()
+            self._renewal = None
+
+    def __repr__(self) -> str:
+        return f"<Claimed {self.key!r} settled={self.settled} lost={self.lost}>"
+
+
+Outcome = Claimed | Replay | InProgress
+
+
+class _Owners:
+    """Owner tokens: a random 128-bit prefix per process and a counter, so every attempt
+    anywhere gets its own token without a system call per claim. (They fence our own
+    scripts; they need to be unique, not secret.)"""
+
+    def __init__(self) -> None:
+        self.reseed()
+
+    def reseed(self) -> None:
+        self.prefix = secrets.token_hex(16) + ":"
+        self.count = itertools.count()
+
+
+_owners = _Owners()
+if hasattr(os, "register_at_fork"):  # a forked child must not hand out its parent's tokens
+    os.register_at_fork(after_in_child=_owners.reseed)
+
+
+def _fingerprint(fingerprint: str | bytes | None) -> str:
+    """A fixed-size stand-in for the request's fingerprint ('' for none)."""
+    if fingerprint is None:
+        return ""
+    if isinstance(fingerprint, str):
+        fingerprint = fingerprint.encode("utf-8", "surrogatepass")
+    elif not isinstance(fingerprint, (bytes, bytearray, memoryview)):
+        raise TypeError(f"a fingerprint must be str or bytes, not {type(fingerprint).__name__}")
+    return hashlib.sha256(fingerprint).hexdigest()
+
+
+# -- the store -----------------------------------------------------------------------------
+
+
+class IdempotencyStore:
+    """Claims, leases and stored results of idempotency keys (see the module docstring)."""
+
+    __slots__ = ("_backend", "_head", "_lease_us", "_ttl_us", "lease", "max_bytes", "name", "ttl")
+
+    def __init__(
+        self,
+        backend: Backend | None = None,
+        *,
+        ttl: float = 86400.0,
+        lease: float = 30.0,
+        name: str | None = None,
+        max_bytes: int = MAX_RESULT_BYTES,
+    ) -> None:
+        if backend is not None and not isinstance(backend, Backend):
+            raise TypeError(f"backend must be a Backend, not {type(backend).__name__}")
+        if name is not None:
+            check_key(name, "name")
+        self._backend = backend
+        self.ttl = check_seconds(ttl, "ttl")
+        self.lease = check_seconds(lease, "lease")
+        self._ttl_us = to_us(self.ttl)
+        self._lease_us = to_us(self.lease)
+        self.name = name
+        self.max_bytes = check_int(max_bytes, "max_bytes")
+        self._head = ("", "")  # (backend prefix, key head) of the last backend used
+
+    def _keys(self, backend: Backend, key: str) -> tuple[str, str]:
+        """The key's record and wake-up channel on ``backend``."""
+        prefix, head = self._head
+        if prefix != backend.prefix:
+            head = _keys.idempotency_head(backend.prefix, self.name)
+            self._head = (backend.prefix, head)
+        return _keys.idempotency(head, key)
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend or get_backend()
+
+    def __repr__(self) -> str:
+        return f"<IdempotencyStore name={self.name!r} ttl={self.ttl} lease={self.lease}>"
+
+    async def claim(self, key: str, fingerprint: str | bytes | None = None) -> Outcome:
+        """One attempt at the key: ``Claimed``, ``Replay`` or ``InProgress``.
+
+        Raises ``IdempotencyKeyMismatch`` if the key holds a record of another fingerprint.
+        """
+        if type(key) is not str or not key:
+            check_key(key)  # raises
+        fp = "" if fingerprint is None else _fingerprint(fingerprint)
+        backend = self._backend or get_backend()
+        record, channel = self._keys(backend, key)
+        owner = f"{_owners.prefix}{next(_owners.count):x}"
+        try:
+            reply = await backend.run(_scripts.IDEM_CLAIM, (record,), (owner, fp, self._lease_us))
+        except BaseException:
+            # The script may have run before the reply was lost: give back whatever this
+            # owner may hold, rather than keep the key until the lease passes.
+            await _release_shielded(Claimed(backend, key, record, channel, owner), quiet=True)
+            raise
+        code = reply[0]
+        if code == 2:  # first: the hot path
+            payload = reply[1]
+            if type(payload) is not bytes:
+                payload = payload.encode() if isinstance(payload, str) else bytes(payload)
+            return Replay(key, payload)
+        if code == 0:
+            return Claimed(backend, key, record, channel, owner)
+        if code == 1:
+            return InProgress(key, from_us(reply[1]))
+        raise IdempotencyKeyMismatch(key=key)
+
+    async def wait(
+        self, key: str, fingerprint: str | bytes | None = None, timeout: float | None = None
+    ) -> Outcome:
+        """``claim``, and while another owner holds the key, wait for its completion or
+        release (woken by pub/sub) and claim again. ``InProgress`` only after ``timeout``."""
+        timeout = check_timeout(timeout)
+        outcome = await self.claim(key, fingerprint)
+        if not isinstance(outcome, InProgress):
+            return outcome
+        backend = self._backend or get_backend()
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        _, channel = self._keys(backend, key)
+        # Subscribed (and confirmed) before the claim it guards: a completion published
+        # between that claim and the wait still wakes this waiter.
+        async with backend.notifier.subscribe(channel, wake_all=True) as sub:
+            while True:
+                outcome = await self.claim(key, fingerprint)
+                if not isinstance(outcome, InProgress):
+                    return outcome
+                delay = min(outcome.retry_after, FALLBACK_WAIT)
+                if deadline is not None:
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        return outcome
+                    delay = min(delay, left)
+                await sub.wait(max(delay, 0.001))
+
+    async def renew(self, claimed: Claimed) -> bool:
+        """Start a new full lease now; False if this owner no longer holds the key."""
+        reply = await claimed._backend.run(
+            _scripts.IDEM_RENEW, (claimed._record,), (claimed.owner, self._lease_us)
+        )
+        return bool(reply == 1)
+
+    async def complete(self, claimed: Claimed, payload: bytes) -> bool:
+        """Store ``payload`` as the key's result for ``ttl`` and wake the waiters.
+
+        False if this owner had lost the key (nothing stored). ``ResultTooLarge`` (a
+        ``ValueError``) before any I/O when ``payload`` is over ``max_bytes``.
+        """
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
+        size = len(payload)
+        if size > self.max_bytes:
+            raise ResultTooLarge(key=claimed.key, size=size, limit=self.max_bytes)
+        claimed._stop_renewal()
+        reply = await claimed._backend.run(
+            _scripts.IDEM_COMPLETE,
+            (claimed._record,),
+            (claimed.owner, bytes(payload), self._ttl_us, *claimed._wake),
+        )
+        claimed.settled = True
+        return bool(reply == 1)
+
+    async def release(self, claimed: Claimed) -> bool:
+        """Drop the record without a result and wake the waiters; False if not held."""
+        return await _release(claimed)
+
+    def running(self, claimed: Claimed) -> Running:
+        """``async with store.running(claimed):`` renew in the background; release unless
+        completed when the block ends."""
+        return Running(self, claimed)
+
+    async def _keep(self, claimed: Claimed) -> None:
+        """The renewal loop: a new lease every lease/3, until refused or cancelled."""
+        loop = asyncio.get_running_loop()
+        interval = self.lease / 3
+        expires = loop.time() + self.lease  # a local, conservative view of the lease's end
+        while True:
+            await asyncio.sleep(min(interval, max(expires - loop.time(), 0.0)))
+            sent = loop.time()
+            try:
+                ok = await self.renew(claimed)
+            except BackendUnavailable as exc:
+                if loop.time() < expires:
+                    log.debug("aioratelimit: renewing %r failed, retrying: %r", claimed.key, exc)
+                    interval = min(interval, max(self.lease / 10, 0.01))
+                    continue
+                ok = False
+            if not ok:
+                if not claimed.settled:
+                    claimed.lost = True
+                    log.warning(
+                        "aioratelimit: lost the lease of idempotency key %r while its call ran"
+                        " (another call may run it too; its result will not be stored)",
+                        claimed.key,
+                    )
+                return
+            interval = self.lease / 3
+            expires = sent + self.lease
+
+
+class Running:
+    """The block a claim's call runs in: background renewal, and release unless completed."""
+
+    __slots__ = ("_claimed", "_store")
+
+    def __init__(self, store: IdempotencyStore, claimed: Claimed) -> None:
+        self._store = store
+        self._claimed = claimed
+
+    async def __aenter__(self) -> Claimed:
+        claimed = self._claimed
+        claimed._renewal = asyncio.get_running_loop().create_task(self._store._keep(claimed))
+        return claimed
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._claimed._stop_renewal()
+        if not self._claimed.settled:
+            await _release_shielded(self._claimed)
+
+
+async def _release(claimed: Claimed) -> bool:
+    claimed._stop_renewal()
+    reply = await claimed._backend.run(
+        _scripts.IDEM_RELEASE, (claimed._record,), (claimed.owner, *claimed._wake)
+    )
+    claimed.settled = True
+    return bool(reply == 1)
+
+
+async def _release_quietly(claimed: Claimed, quiet: bool) -> None:
+    try:
+        await _release(claimed)
+    except Exception as exc:  # the lease frees the key anyway
+        (log.debug if quiet else log.warning)(
+            "aioratelimit: could not release idempotency key %r (%r); it frees itself when"
+            " its lease passes",
+            claimed.key,
+            exc,
+        )
+
+
+async def _release_shielded(claimed: Claimed, quiet: bool = False) -> None:
+    """Release in a task the caller's cancellation cannot stop (the caller still sees it).
+
+    ``quiet``: a failure is logged at DEBUG only (after a failed claim, which most likely
+    never reached the server, so there is probably nothing to release).
+    """
+    task = asyncio.get_running_loop().create_task(_release_quietly(claimed, quiet))
+    _pending.add(task)
+    task.add_done_callback(_pending.discard)
+    await asyncio.shield(task)
+
+
+# -- the decorator -------------------------------------------------------------------------
+
+
+def idempotent(
+    key: str | Callable[..., str],
+    *,
+    ttl: float = 86400.0,
+    lease: float = 30.0,
+    fingerprint: Callable[..., str | bytes] | None = None,
+    wait: bool = False,
+    backend: Backend | None = None,
+    serializer: Serializer = JSON,
+    max_result_bytes: int = MAX_RESULT_BYTES,
+    name: str | None = None,
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Coroutine[Any, Any, R]]]:
+    """Run an async function once per idempotency key; later calls replay its result.
+
+    ``key`` (a callable given the function's arguments, or a string) names the operation.
+    The first call runs the function under a lease of ``lease`` seconds, renewed while it
+    runs, and stores its result (``serializer``, JSON by default) for ``ttl`` seconds; later
+    calls with that key return the stored result without running anything. While the first
+    call runs, another raises ``IdempotencyInProgress``, or with ``wait=True`` waits for
+    the first call's result (or, if it raised, claims the key and runs itself).
+
+    ``fingerprint(*args, **kwargs)`` (str or bytes) identifies the request's content: the key
+    used with another fingerprint raises ``IdempotencyKeyMismatch`` and runs nothing.
+
+    If the function raises, or the call is cancelled, nothing is stored and the key is free
+    at once; if the process dies, once the lease has passed. A result whose serialization
+    is over ``max_result_bytes`` raises ``ResultTooLarge`` (a ``ValueError``) after the
+    function ran, stores nothing and frees the key. ``name`` gives the keys a namespace of
+    their own (two decorated functions sharing key strings need different names).
+
+    The caller that ran the function gets its return value itself; replays get
+    ``serializer.loads(serializer.dumps(value))`` (JSON turns tuples into lists). If Redis is
+    unreachable when a call starts, ``BackendUnavailable`` is raised and nothing runs; if it
+    is unreachable when the result is to be stored, the caller still gets the result (a
+    warning is logged) and a later call runs the function again.
+    """
+    if not (isinstance(key, str) or callable(key)):
+        raise TypeError(f"key must be a str or a callable, not {type(key).__name__}")
+    if isinstance(key, str):
+        check_key(key)
+    if fingerprint is not None and not callable(fingerprint):
+        raise TypeError(f"fingerprint must be a callable, not {type(fingerprint).__name__}")
+    if not all(callable(getattr(serializer, m, None)) for m in ("dumps", "loads")):
+        raise TypeError("serializer must have dumps(obj) and loads(data) methods")
+    check_int(max_result_bytes, "max_result_bytes")
+    store = IdempotencyStore(backend, ttl=ttl, lease=lease, name=name, max_bytes=max_result_bytes)
+    key_of, fixed_key = (None, key) if isinstance(key, str) else (key, "")
+    loads = serializer.loads
+
+    def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"@idempotent decorates an async function, not {fn!r}")
+
+        @functools.wraps(fn)
+        async def once(*args: P.args, **kwargs: P.kwargs) -> R:
+            k = key_of(*args, **kwargs) if key_of is not None else fixed_key
+            fp = None if fingerprint is None else fingerprint(*args, **kwargs)
+            outcome = await store.claim(k, fp)
+            if type(outcome) is Replay:  # the hot path first
+                return cast(R, loads(outcome.payload))
+            if isinstance(outcome, InProgress):
+                if not wait:
+                    raise IdempotencyInProgress(key=k, retry_after=outcome.retry_after)
+                outcome = await store.wait(k, fp)
+                if isinstance(outcome, Replay):
+                    return cast(R, loads(outcome.payload))
+            assert isinstance(outcome, Claimed)
+            async with store.running(outcome):
+                result = await fn(*args, **kwargs)
+                data = serializer.dumps(result)
+                if isinstance(data, str):
+                    data = data.encode()
+                try:
+                    stored = await store.complete(outcome, data)
+                except BackendUnavailable as exc:
+                    # The function ran: its caller gets the result. A retry runs it again
+                    # once the key is released (below) or its lease passes.
+                    log.warning(
+                        "aioratelimit: the result of idempotency key %r was not stored: %s",
+                        k,
+                        exc,
+                    )
+                else:
+                    if not stored:
+                        log.warning(
+                            "aioratelimit: the result of idempotency key %r was not stored:"
+                            " its lease had passed and the key was taken over",
+                            k,
+                        )
+            return result
+
+        return once
+
+    return decorate
