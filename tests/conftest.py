@@ -21,10 +21,34 @@ from pathlib import Path
 import hypothesis  # noqa: F401  (imported early: a late import trips a CPython 3.11 AST bug)
 import pytest
 import redis
+from cluster_fixtures import (  # noqa: F401  (fixtures: the cluster and sentinel deployments)
+    backend_kind,
+    cluster_url,
+    own_cluster,
+    own_sentinel,
+    sentinel_url,
+    sync_client,
+)
 
 import aioratelimit as arl
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+
+
+_SCRATCH: list[Path] = []
+
+
+def scratch_dir() -> Path:
+    """One temporary folder for every server this session starts, removed at its end."""
+    if not _SCRATCH:
+        _SCRATCH.append(Path(tempfile.mkdtemp(prefix="arl-tests-")))
+    return _SCRATCH[0]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the servers' folders (logs, cluster configs) once every server has stopped."""
+    for path in _SCRATCH:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def free_port() -> int:
@@ -40,7 +64,7 @@ class RedisServer:
     def __init__(self, port: int | None = None, *extra: str) -> None:
         self.port = port or free_port()
         self.extra = extra
-        self.dir = Path(tempfile.mkdtemp(prefix="arl-redis-"))
+        self.dir = Path(tempfile.mkdtemp(prefix="arl-redis-", dir=scratch_dir()))
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -144,22 +168,32 @@ def own_redis() -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def sync_redis(redis_url: str) -> Iterator[redis.Redis]:
-    """A plain synchronous client on the shared server, for inspecting keys."""
-    client = redis.Redis.from_url(redis_url)
+def sync_redis(request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
+    """A plain synchronous client for inspecting keys: on the deployment the test's
+    ``backend`` runs on (a cluster client, or the Sentinel master), else the shared server."""
+    kind = backend_kind(request)
+    if kind in ("cluster", "sentinel"):
+        client = sync_client(request.getfixturevalue(f"{kind}_url"))
+    else:
+        client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
     try:
         yield client
     finally:
         client.close()
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture
+def backend_url(request: pytest.FixtureRequest) -> str:
+    """The URL of the store the test's ``backend`` uses (``memory://`` is a new store)."""
+    kind = backend_kind(request) or "redis"
+    return "memory://" if kind == "memory" else str(request.getfixturevalue(f"{kind}_url"))
+
+
+@pytest.fixture(params=["memory", "redis", "cluster", "sentinel"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[arl.Backend]:
-    """Every backend the conformance suite runs on, one test per backend."""
-    if request.param == "memory":
-        b = arl.Backend.from_url("memory://")
-    else:
-        b = arl.Backend.from_url(request.getfixturevalue("redis_url"))
+    """Every backend the conformance suite runs on, one test per backend: the embedded
+    store, a standalone server, a 3+3-node Redis Cluster and a Sentinel-managed master."""
+    b = arl.Backend.from_url(request.getfixturevalue("backend_url"))
     try:
         yield b
     finally:
