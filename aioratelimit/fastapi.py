@@ -1,0 +1,235 @@
+"""FastAPI dependencies: a rate limit and a one-shot token check, per endpoint.
+
+Needs the ``web`` extra (``pip install 'aioratelimit[web]'``); ``import aioratelimit`` alone
+never imports FastAPI. Neither dependency needs a ``request`` parameter in the endpoint::
+
+    from fastapi import Depends, FastAPI
+    from aioratelimit.fastapi import ConsumeToken, RateLimit, add_problem_handler, client_ip
+
+    app = FastAPI()
+    add_problem_handler(app)            # optional: problem+json bodies, as the middleware
+
+    @app.get("/search", dependencies=[Depends(RateLimit(arl.TokenBucket("5/second")))])
+    async def search(q: str) -> list[str]: ...
+
+    @app.post("/confirm")
+    async def confirm(token: str = Depends(ConsumeToken(header="X-Token"))) -> dict[str, str]: ...
+
+Rejections are raised as ``ProblemException`` (an ``HTTPException``): FastAPI's default
+handler answers ``{"detail": ...}`` as JSON with the status and headers; after
+``add_problem_handler(app)`` the body is an RFC 9457 ``application/problem+json`` document,
+exactly what ``aioratelimit.asgi`` middleware sends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from fastapi import FastAPI, HTTPException, Request, Response
+
+from ._backend import Backend
+from ._errors import BackendUnavailable
+from ._ratelimit import Decision, _Limiter
+from ._tokens import consume_token
+from ._web import (
+    UNAVAILABLE_RETRY_AFTER,
+    KeyFunc,
+    OutageLog,
+    Policy,
+    client_ip,
+    header,
+    path_param,
+    problem_body,
+    resolve,
+    seconds_header,
+    user_id,
+)
+
+__all__ = [
+    "ConsumeToken",
+    "ProblemException",
+    "RateLimit",
+    "add_problem_handler",
+    "client_ip",
+    "header",
+    "path_param",
+    "user_id",
+]
+
+
+class ProblemException(HTTPException):
+    """An ``HTTPException`` that ``add_problem_handler`` renders as a problem document."""
+
+    def __init__(
+        self, status_code: int, detail: str, headers: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(status_code, detail, dict(headers) if headers else None)
+        self.problem = problem_body(status_code, detail)
+
+
+async def _render_problem(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ProblemException)
+    return Response(
+        exc.problem,
+        status_code=exc.status_code,
+        headers=exc.headers,
+        media_type="application/problem+json",
+    )
+
+
+def add_problem_handler(app: FastAPI) -> None:
+    """Render every ``ProblemException`` as ``application/problem+json`` (RFC 9457)."""
+    app.add_exception_handler(ProblemException, _render_problem)
+
+
+def _unavailable(what: str, retry_after: float) -> ProblemException:
+    return ProblemException(
+        503,
+        f"the {what} backend is unavailable; try again later",
+        {"Retry-After": str(seconds_header(retry_after))},
+    )
+
+
+class RateLimit:
+    """``Depends(RateLimit(limiter, key=client_ip()))``: one hit per request of the endpoint.
+
+    Admitted: the response gets ``RateLimit-Policy`` and ``RateLimit`` fields, and the
+    dependency's value is the ``Decision``. Denied: ``ProblemException`` 429 with
+    ``Retry-After``, ``RateLimit-Policy`` and ``RateLimit``. ``key(scope)`` is the same kind
+    of key function the middleware takes (sync or async; ``None`` = not limited). The
+    policy is named ``policy_name``, else the limiter's ``name``, else ``"default"`` (give
+    it a name of its own when the middleware limits the same route). Backend
+    unreachable: 503 with ``Retry-After``, or with ``fail_open=True`` the endpoint runs;
+    a WARNING either way.
+
+    Headers set by a dependency reach the client unless the endpoint returns a ``Response``
+    object itself (FastAPI's rule); use the middleware for such endpoints.
+    """
+
+    __slots__ = ("_outage", "_retry_unavailable", "cost", "fail_open", "key", "limiter", "policy")
+
+    def __init__(
+        self,
+        limiter: _Limiter,
+        *,
+        key: KeyFunc | None = None,
+        cost: int = 1,
+        policy_name: str | None = None,
+        fail_open: bool = False,
+        unavailable_retry_after: float = UNAVAILABLE_RETRY_AFTER,
+    ) -> None:
+        if not isinstance(limiter, _Limiter):
+            raise TypeError(
+                "limiter must be a FixedWindow, SlidingWindow or TokenBucket,"
+                f" not {type(limiter).__name__}"
+            )
+        if key is not None and not callable(key):
+            raise TypeError(f"key must be a callable, not {type(key).__name__}")
+        self.limiter = limiter
+        self.key = key or client_ip()
+        self.cost = limiter._check_cost(cost)
+        self.policy = Policy(limiter, policy_name or limiter.name or "default")
+        self.fail_open = bool(fail_open)
+        self._retry_unavailable = seconds_header(unavailable_retry_after)
+        self._outage = OutageLog("RateLimit dependency")
+
+    async def __call__(self, request: Request, response: Response) -> Decision | None:
+        key = await resolve(self.key, request.scope)
+        if key is None:
+            return None
+        try:
+            decision = await self.limiter.hit(key, self.cost)
+        except BackendUnavailable as exc:
+            self._outage(exc, self.fail_open)
+            if self.fail_open:
+                return None
+            raise _unavailable("rate limit", self._retry_unavailable) from exc
+        fields = self.policy.headers(decision)
+        if not decision.allowed:
+            retry = seconds_header(decision.retry_after)
+            raise ProblemException(
+                429,
+                f"rate limit exceeded; try again in {retry} s",
+                {k.decode(): v.decode() for k, v in fields},
+            )
+        for k, v in fields:
+            response.headers.append(k.decode(), v.decode())
+        return decision
+
+    def __repr__(self) -> str:
+        return f"<RateLimit {self.limiter!r} cost={self.cost} fail_open={self.fail_open}>"
+
+
+class ConsumeToken:
+    """``Depends(ConsumeToken(header="X-Token"))``: the endpoint runs only if the one-shot
+    token the request presents is consumed now (see ``arl.issue_token``).
+
+    The token is read from request header ``header``, else from form field ``field`` (an
+    urlencoded or multipart body; needs python-multipart). ``subject`` is ``None``, a string,
+    or a key function ``subject(scope)`` naming whom the token must have been issued for.
+    The dependency's value is the token.
+
+    Rejected — missing, malformed, unknown, expired, already used, or issued for another
+    subject — is ``ProblemException`` 403 Forbidden: the store deliberately does not say
+    which (a used token and a forged one look alike), so there is no separate 409. Backend
+    unreachable: 503 with ``Retry-After`` (a token check never fails open).
+    """
+
+    __slots__ = ("_outage", "backend", "field", "header", "subject")
+
+    def __init__(
+        self,
+        *,
+        header: str | None = "X-Token",
+        field: str | None = None,
+        subject: str | KeyFunc | None = None,
+        backend: Backend | None = None,
+    ) -> None:
+        if header is None and field is None:
+            raise ValueError("ConsumeToken needs a header, a form field, or both")
+        for what, value in (("header", header), ("field", field)):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise TypeError(f"{what} must be a non-empty str or None")
+        if subject is not None and not (isinstance(subject, str) or callable(subject)):
+            raise TypeError(
+                f"subject must be a str, a callable or None, not {type(subject).__name__}"
+            )
+        if backend is not None and not isinstance(backend, Backend):
+            raise TypeError(f"backend must be a Backend, not {type(backend).__name__}")
+        self.header = header
+        self.field = field
+        self.subject = subject
+        self.backend = backend
+        self._outage = OutageLog("ConsumeToken dependency")
+
+    async def _presented(self, request: Request) -> str | None:
+        if self.header is not None:
+            value = request.headers.get(self.header)
+            if value:
+                return value
+        if self.field is not None and request.headers.get("content-type", "").startswith(
+            ("application/x-www-form-urlencoded", "multipart/form-data")
+        ):
+            posted = (await request.form()).get(self.field)
+            if isinstance(posted, str) and posted:
+                return posted
+        return None
+
+    async def __call__(self, request: Request) -> str:
+        token = await self._presented(request)
+        if token is None:
+            raise ProblemException(403, "a one-shot token is required")
+        subject = self.subject
+        if subject is not None and not isinstance(subject, str):
+            subject = await resolve(subject, request.scope)
+        try:
+            ok = await consume_token(token, subject, self.backend)
+        except BackendUnavailable as exc:
+            self._outage(exc, False)
+            raise _unavailable("token", UNAVAILABLE_RETRY_AFTER) from exc
+        if not ok:
+            raise ProblemException(403, "the token is unknown, expired, already used or not yours")
+        return token
+
+    def __repr__(self) -> str:
+        return f"<ConsumeToken header={self.header!r} field={self.field!r}>"

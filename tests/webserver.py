@@ -1,0 +1,83 @@
+"""A real uvicorn server for the web tests: one ASGI app on a free loopback port, in a thread.
+
+The server runs its own event loop in a background thread (so the test's loop drives an
+``httpx.AsyncClient`` against it over real TCP); whatever the app opened on that loop (a
+backend's pool) is closed on that loop before the thread ends. uvicorn's own proxy-header
+rewriting is off, so ``scope["client"]`` is the socket peer the middleware must judge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import uvicorn
+from conftest import free_port
+
+
+class Server:
+    """``with Server(app) as server:`` serves ``app`` at ``server.url`` until the block ends."""
+
+    def __init__(
+        self, app: Any, *, cleanup: Callable[[], Awaitable[None]] | None = None, **config: Any
+    ) -> None:
+        self.port = free_port()
+        options: dict[str, Any] = {
+            "host": "127.0.0.1",
+            "port": self.port,
+            "log_level": "warning",
+            "access_log": False,
+            "lifespan": "off",
+            "proxy_headers": False,
+            "loop": "asyncio",
+            "http": "h11",
+            "ws": "none",
+            **config,
+        }
+        self.server = uvicorn.Server(uvicorn.Config(app, **options))
+        self._cleanup = cleanup
+        self._thread = threading.Thread(target=self._run, name=f"uvicorn-{self.port}", daemon=True)
+        self._error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # reported by stop(), in the test's thread
+            self._error = exc
+
+    async def _main(self) -> None:
+        try:
+            await self.server.serve()
+        finally:
+            if self._cleanup is not None:
+                await self._cleanup()
+
+    def start(self, timeout: float = 20.0) -> Server:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"uvicorn did not start on port {self.port}: {self._error!r}")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if self._thread.is_alive() or self._thread.ident is not None:
+            self._thread.join(30)
+        if self._error is not None:
+            raise RuntimeError("the server thread failed") from self._error
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
