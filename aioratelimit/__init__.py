@@ -15,10 +15,14 @@ from ._errors import (
     LockNotOwned,
     LockTimeout,
     RateLimited,
+    ResultTooLarge,
     TokenRejected,
 )
+from ._idempotency import idempotent
+from ._lock import Lease, Lock, Semaphore, lock, semaphore
 from ._ratelimit import Decision, FixedWindow, SlidingWindow, TokenBucket
 from ._rates import Rate
+from ._tokens import consume_token, consumes_token, issue_token
 
 __version__ = "0.1.0"
 
@@ -30,15 +34,25 @@ __all__ = [
     "FixedWindow",
     "IdempotencyInProgress",
     "IdempotencyKeyMismatch",
+    "Lease",
+    "Lock",
     "LockLost",
     "LockNotOwned",
     "LockTimeout",
     "Rate",
     "RateLimited",
+    "ResultTooLarge",
+    "Semaphore",
     "SlidingWindow",
     "TokenBucket",
     "TokenRejected",
     "__version__",
     "configure",
+    "consume_token",
+    "consumes_token",
     "get_backend",
+    "idempotent",
+    "issue_token",
+    "lock",
+    "semaphore",
 ]

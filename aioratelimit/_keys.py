@@ -37,3 +37,36 @@ def tagged(head: str, key: str, suffix: str = "") -> str:
 def rate_suffix(limit: int, window_us: int, extra: str = "") -> str:
     """The per-rate suffix: a limiter keeps one key per (user key, rate)."""
     return f":{limit}/{window_us // 1000 if window_us % 1000 == 0 else f'{window_us}us'}{extra}"
+
+
+def token_head(prefix: str) -> str:
+    """The constant start of every token record's key (callers cache it)."""
+    return head(prefix, "tok", None)
+
+
+def token(tok_head: str, digest: str) -> str:
+    """A one-shot token's record, named and hash-tagged by the token's hash (``digest``):
+    the raw token never reaches Redis. A hex digest needs no escaping."""
+    return f"{tok_head}{{{digest}}}"
+
+
+def idempotency_head(prefix: str, name: str | None) -> str:
+    """The constant start of an idempotency store's keys (the store caches it)."""
+    return head(prefix, "idem", name)
+
+
+def idempotency(idem_head: str, key: str) -> tuple[str, str]:
+    """An idempotency key's record and the pub/sub channel its waiters listen on (one tag)."""
+    return tagged(idem_head, key), tagged(idem_head, key, ":wake")
+
+
+def lock(prefix: str, name: str) -> tuple[str, str]:
+    """A lock's key (its value also keeps the last fence) and its wake-up channel (one tag)."""
+    h = head(prefix, "lock", None)
+    return tagged(h, name), tagged(h, name, ":wake")
+
+
+def semaphore(prefix: str, name: str) -> tuple[str, str, str]:
+    """A semaphore's holders (ZSET), its fences (HASH) and its wake-up channel (one tag)."""
+    h = head(prefix, "sem", None)
+    return tagged(h, name), tagged(h, name, ":fence"), tagged(h, name, ":wake")
