@@ -58,7 +58,7 @@ from _common import (
 from redis.asyncio.lock import Lock as RedisPyLock
 
 import aioratelimit as arl
-from aioratelimit._backend import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT
+from aioratelimit._backend import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, socket_timeout
 
 try:
     import redis_lock
@@ -218,11 +218,12 @@ async def main() -> None:
     url = redis_url()
     prefix = bench_prefix()
     # The socket options of Backend.from_url's pool, so the floor, redis-py and ours send
-    # alike (with a socket timeout, redis.asyncio wraps each send in asyncio.wait_for, a task
-    # per command before Python 3.12); and room for 200 waiters of redis-py (a connection each
-    # while polling) and of python-redis-lock (one blocked in BLPOP each).
+    # alike (no socket timeout on Python 3.11+, where our store bounds each call itself:
+    # with one, redis.asyncio wraps each send in asyncio.wait_for, a task per command before
+    # Python 3.12); and room for 200 waiters of redis-py (a connection each while polling)
+    # and of python-redis-lock (one blocked in BLPOP each).
     options: dict[str, Any] = {
-        "socket_timeout": DEFAULT_TIMEOUT,
+        "socket_timeout": socket_timeout(DEFAULT_TIMEOUT),
         "socket_connect_timeout": DEFAULT_CONNECT_TIMEOUT,
         "max_connections": 1000,
     }
