@@ -71,18 +71,85 @@ def _unavailable(exc: BaseException) -> BackendUnavailable:
 
 
 _timeout_cm: Any = getattr(asyncio, "timeout", None)  # Python 3.11+
-
+#: Deadlines needs Task.uncancel/cancelling (Python 3.11+) to tell its own cancellation apart.
+_OWN_DEADLINES = hasattr(asyncio.Task, "uncancel")
 
 
 def socket_timeout(timeout: float) -> float | None:
     """The socket timeout for pooled connections: none where the store bounds each call
-    itself with ``asyncio.timeout`` (Python 3.11+), else ``timeout``."""
-    return None if _timeout_cm is not None else timeout
+    itself (``Deadlines``, Python 3.11+), else ``timeout``."""
+    return None if _OWN_DEADLINES else timeout
 
 
 def op_timeout(timeout: float) -> float | None:
     """The per-call bound ``RedisStore.run`` applies (the other half of ``socket_timeout``)."""
-    return timeout if _timeout_cm is not None else None
+    return timeout if _OWN_DEADLINES else None
+
+
+class Deadlines:
+    """Bounds every call in flight with ONE timer, not one per call.
+
+    ``asyncio.timeout`` arms a timer and enters a context manager per call (about 5 µs);
+    here a call only records its task and deadline. When the earliest deadline passes, the
+    timer cancels the overdue tasks; each one is then suspended inside its own call (a task
+    is in the table only between its call's first and last await), which turns that
+    cancellation into ``TimeoutError``, and an outer cancellation stays a cancellation.
+    """
+
+    __slots__ = ("_calls", "_expired", "_handle", "_loop", "timeout")
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._calls: dict[asyncio.Task[Any], float] = {}
+        self._expired: set[asyncio.Task[Any]] = set()
+        self._handle: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def enter(self) -> tuple[asyncio.Task[Any], int]:
+        """Register the current task's call; returns it and its cancellation count."""
+        task = asyncio.current_task()
+        assert task is not None
+        loop = task.get_loop()
+        deadline = loop.time() + self.timeout
+        self._calls[task] = deadline
+        if self._handle is None or self._loop is not loop:
+            self._loop = loop
+            self._handle = loop.call_at(deadline, self._check, loop)
+        counted: Any = task  # Task.cancelling/uncancel: Python 3.11+ (see _OWN_DEADLINES)
+        return task, int(counted.cancelling())
+
+    def leave(self, task: asyncio.Task[Any]) -> None:
+        del self._calls[task]
+        self._expired.discard(task)
+
+    def expired(self, task: asyncio.Task[Any], cancelling: int) -> bool:
+        """Was this CancelledError ours, and ours alone? (Then it is a timeout.)"""
+        if task not in self._expired:
+            return False
+        self._expired.discard(task)
+        counted: Any = task
+        return int(counted.uncancel()) <= cancelling
+
+    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
+        if loop is not self._loop:
+            return  # a timer left on a loop this backend no longer runs on
+        self._handle = None
+        now = loop.time()
+        earliest: float | None = None
+        for task, deadline in self._calls.items():
+            if deadline <= now:
+                if task not in self._expired:
+                    self._expired.add(task)
+                    task.cancel()
+            elif earliest is None or deadline < earliest:
+                earliest = deadline
+        if earliest is not None:
+            self._handle = loop.call_at(earliest, self._check, loop)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 _TRANSLATED = (redis_errors.RedisError, OSError, asyncio.TimeoutError)
@@ -94,7 +161,7 @@ class RedisStore:
     #: The command scripts publish wake-ups with (see ``Backend.publish_command``).
     publish_command = "PUBLISH"
 
-    __slots__ = ("_client", "_gate", "_gate_timeout", "_notifier", "_op_timeout", "_owned")
+    __slots__ = ("_client", "_deadlines", "_gate", "_gate_timeout", "_notifier", "_owned")
 
     def __init__(
         self,
@@ -106,11 +173,11 @@ class RedisStore:
         op_timeout: float | None = None,
     ) -> None:
         self._client = client
-        # Bounds each call (send and reply) here, in this task, when the connections have no
-        # socket timeout of their own (see _socket_timeout): redis-py sends under
-        # asyncio.wait_for whenever a socket timeout is set, which before Python 3.12 starts
-        # a task per command and can lose a cancellation.
-        self._op_timeout = op_timeout
+        # Bounds each call (send and reply) here when the connections have no socket timeout
+        # of their own (see socket_timeout): redis-py sends under asyncio.wait_for whenever a
+        # socket timeout is set, which before Python 3.12 starts a task per command and can
+        # lose a cancellation.
+        self._deadlines = None if op_timeout is None else Deadlines(op_timeout)
         self._owned = owned
         self._notifier: Notifier | None = None
         # Bounds the calls in flight to the pool's size, so the pool never runs out (see
@@ -127,10 +194,18 @@ class RedisStore:
             else:
                 await gate.acquire()  # returns at once: a slot is free
         try:
-            if self._op_timeout is None:
+            deadlines = self._deadlines
+            if deadlines is None:
                 return await self._call(script, keys, args)
-            async with _timeout_cm(self._op_timeout):
+            task, cancelling = deadlines.enter()
+            try:
                 return await self._call(script, keys, args)
+            except asyncio.CancelledError:
+                if deadlines.expired(task, cancelling):
+                    raise asyncio.TimeoutError(f"no reply within {deadlines.timeout} s") from None
+                raise
+            finally:
+                deadlines.leave(task)
         except _TRANSLATED as exc:
             raise _unavailable(exc) from exc
         finally:
@@ -172,6 +247,8 @@ class RedisStore:
         return self._notifier
 
     async def aclose(self) -> None:
+        if self._deadlines is not None:
+            self._deadlines.close()
         if self._notifier is not None:
             await self._notifier.aclose()
         if self._owned:

@@ -124,6 +124,38 @@ async def test_frozen_server_times_out_then_recovers(own_redis: RedisServer, key
         assert [d.allowed for d in rest] == [True] * remaining + [False] * (4 - remaining)
 
 
+async def test_frozen_server_bounds_every_call_in_flight(own_redis: RedisServer) -> None:
+    """Calls in flight on a frozen server all end in BackendUnavailable, staggered or not,
+    and a cancellation from outside stays a cancellation (never turned into a timeout)."""
+    async with arl.Backend.from_url(own_redis.url, timeout=0.5, connect_timeout=0.5) as backend:
+        limiter = arl.FixedWindow("1000/hour", backend=backend)
+        await asyncio.gather(*(limiter.hit(f"warm-{i}") for i in range(8)))  # open connections
+        own_redis.pause()
+        try:
+
+            async def late_hit(i: int) -> BaseException | None:
+                await asyncio.sleep(i * 0.05)  # deadlines that differ, one timer for all
+                try:
+                    await limiter.hit(f"k-{i}")
+                except BaseException as exc:
+                    return exc
+                return None
+
+            started = time.monotonic()
+            outcomes = await asyncio.gather(*(late_hit(i) for i in range(8)))
+            assert all(isinstance(o, arl.BackendUnavailable) for o in outcomes), outcomes
+            assert time.monotonic() - started < 5
+
+            cancelled = asyncio.ensure_future(limiter.hit("cancelled"))
+            await asyncio.sleep(0.1)
+            cancelled.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await cancelled
+        finally:
+            own_redis.resume()
+        assert (await limiter.hit("after")).allowed
+
+
 async def test_new_backend_on_a_frozen_server_times_out(own_redis: RedisServer, key: str) -> None:
     """A new Backend's first connect to a frozen server gives BackendUnavailable in bounds."""
     own_redis.pause()
