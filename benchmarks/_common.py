@@ -30,7 +30,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 #: One timed operation: ``op(i)`` performs operation number ``i``.
@@ -106,6 +106,21 @@ async def delete_prefix(client: Any, prefix: str) -> int:
 # -- timing -------------------------------------------------------------------------------
 
 
+def _blocks(
+    names: list[str], total: int, block: int, rotate: int
+) -> Iterator[tuple[str, int, int]]:
+    """The interleaving schedule: ``(case, first operation, count)`` in blocks of ``block``,
+    the order of the cases rotating every block."""
+    done, turn = 0, rotate
+    while done < total:
+        count = min(block, total - done)
+        first = turn % len(names)
+        for name in names[first:] + names[:first]:
+            yield name, done, count
+        done += count
+        turn += 1
+
+
 async def interleave(
     cases: Mapping[str, Op], total: int, block: int, rotate: int = 0
 ) -> dict[str, float]:
@@ -115,21 +130,28 @@ async def interleave(
     Returns the seconds per operation of each case. ``rotate`` shifts the starting order
     (pass the repetition number, so no case is always first).
     """
-    names = list(cases)
-    spent = dict.fromkeys(names, 0.0)
-    done, turn = 0, rotate
-    while done < total:
-        count = min(block, total - done)
-        first = turn % len(names)
-        for name in names[first:] + names[:first]:
-            op = cases[name]
-            start = perf()
-            for i in range(done, done + count):
-                await op(i)
-            spent[name] += perf() - start
-        done += count
-        turn += 1
-    return {name: spent[name] / total for name in names}
+    spent = dict.fromkeys(cases, 0.0)
+    for name, first, count in _blocks(list(cases), total, block, rotate):
+        op = cases[name]
+        start = perf()
+        for i in range(first, first + count):
+            await op(i)
+        spent[name] += perf() - start
+    return {name: spent[name] / total for name in cases}
+
+
+def interleave_blocking(
+    cases: Mapping[str, Callable[[], object]], total: int, block: int, rotate: int = 0
+) -> dict[str, float]:
+    """``interleave`` for synchronous operations (a blocking client's calls)."""
+    spent = dict.fromkeys(cases, 0.0)
+    for name, _, count in _blocks(list(cases), total, block, rotate):
+        op = cases[name]
+        start = perf()
+        for _ in range(count):
+            op()
+        spent[name] += perf() - start
+    return {name: spent[name] / total for name in cases}
 
 
 def fan_out(op: Op, tasks: int, per_task: int) -> Op:

@@ -44,6 +44,7 @@ from _common import (
     delete_prefix,
     fmt,
     interleave,
+    interleave_blocking,
     median,
     paired_ratio,
     print_header,
@@ -441,22 +442,7 @@ def sync_interleave(client: redis.Redis, prefix: str, floor_sha: str, rep: int) 
         lk.acquire()
         lk.release()
 
-    cases: dict[str, Callable[[], None]] = {"raw": raw, "prl": prl}
-    names = list(cases)
-    spent = dict.fromkeys(names, 0.0)
-    done, turn = 0, rep
-    while done < UNC_N:
-        count = min(UNC_BLOCK, UNC_N - done)
-        first = turn % len(names)
-        for name in names[first:] + names[:first]:
-            op = cases[name]
-            start = time.perf_counter()
-            for _ in range(count):
-                op()
-            spent[name] += time.perf_counter() - start
-        done += count
-        turn += 1
-    return {name: spent[name] / UNC_N for name in names}
+    return interleave_blocking({"raw": raw, "prl": prl}, UNC_N, UNC_BLOCK, rep)
 
 
 if __name__ == "__main__":

@@ -200,6 +200,14 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[arl.Backend]:
         await b.aclose()
 
 
+@pytest.fixture(params=["memory", "redis"])
+def store_url(request: pytest.FixtureRequest) -> str:
+    """A backend URL for an app the test serves: the embedded store, then the shared server."""
+    if request.param == "memory":
+        return "memory://"
+    return str(request.getfixturevalue("redis_url"))
+
+
 @pytest.fixture
 def key() -> str:
     """A user key no other test uses (instead of flushing the server)."""

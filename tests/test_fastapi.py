@@ -10,9 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -21,7 +18,7 @@ import httpx
 import pytest
 from conftest import RedisServer, free_port
 from fastapi import Depends, FastAPI
-from webserver import Server
+from webserver import Server, fresh_backend, serving
 
 import aioratelimit as arl
 from aioratelimit.fastapi import (
@@ -47,26 +44,6 @@ def load_example() -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture(params=["memory", "redis"])
-def store_url(request: pytest.FixtureRequest) -> str:
-    """The backend URL the served app uses: the embedded store, then the shared server."""
-    if request.param == "memory":
-        return "memory://"
-    return str(request.getfixturevalue("redis_url"))
-
-
-def fresh_backend(url: str) -> arl.Backend:
-    return arl.Backend.from_url(url, prefix=f"t{uuid.uuid4().hex[:10]}")
-
-
-@asynccontextmanager
-async def serving(app: FastAPI, backend: arl.Backend) -> AsyncIterator[httpx.AsyncClient]:
-    """Serve ``app`` on uvicorn (the backend closed on the server's loop at the end)."""
-    with Server(app, cleanup=backend.aclose) as server:
-        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
-            yield client
 
 
 def limited_app(backend: arl.Backend, *, problems: bool = True, **options: Any) -> FastAPI:

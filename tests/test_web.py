@@ -12,16 +12,14 @@ import logging
 import re
 import subprocess
 import sys
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest
 from conftest import RedisServer
-from webserver import Server
+from webserver import fresh_backend, serving
 
 import aioratelimit as arl
 from aioratelimit import _web
@@ -57,28 +55,6 @@ class Echo:
             }
         )
         await send({"type": "http.response.body", "body": body})
-
-
-@pytest.fixture(params=["memory", "redis"])
-def store_url(request: pytest.FixtureRequest) -> str:
-    """The backend URL the served app uses: the embedded store, then the shared server."""
-    if request.param == "memory":
-        return "memory://"
-    return str(request.getfixturevalue("redis_url"))
-
-
-def fresh_backend(url: str) -> arl.Backend:
-    """A backend under a prefix no other test uses (the server's client is always 127.0.0.1)."""
-    return arl.Backend.from_url(url, prefix=f"t{uuid.uuid4().hex[:10]}")
-
-
-@asynccontextmanager
-async def serving(app: Any, backend: arl.Backend) -> AsyncIterator[httpx.AsyncClient]:
-    """Serve ``app`` on uvicorn; yield a client for it; close both (the backend on the
-    server's own loop, which is the one its connections belong to)."""
-    with Server(app, cleanup=backend.aclose) as server:
-        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
-            yield client
 
 
 RATELIMIT = re.compile(r'^"default";r=(\d+);t=(\d+)$')

@@ -11,11 +11,16 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
+import httpx
 import uvicorn
 from conftest import free_port
+
+import aioratelimit as arl
 
 
 class Server:
@@ -81,3 +86,17 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def fresh_backend(url: str) -> arl.Backend:
+    """A backend under a prefix no other test uses (the server's client is always 127.0.0.1)."""
+    return arl.Backend.from_url(url, prefix=f"t{uuid.uuid4().hex[:10]}")
+
+
+@asynccontextmanager
+async def serving(app: Any, backend: arl.Backend) -> AsyncIterator[httpx.AsyncClient]:
+    """Serve ``app`` on uvicorn; yield a client for it; close both (the backend on the
+    server's own loop, which is the one its connections belong to)."""
+    with Server(app, cleanup=backend.aclose) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            yield client
