@@ -2,9 +2,10 @@
 are translated.
 
 A primitive never talks to redis-py. It hands a ``Script`` with its keys and arguments to
-``Backend.run``; the backend's store answers: ``RedisStore`` by EVALSHA through one shared
-``redis.asyncio`` client, ``MemoryStore`` by the script's Python twin. Every redis-py error
-becomes ``BackendUnavailable`` here, with the original chained.
+``Backend.run``; the backend's store answers: ``RedisStore`` by EVALSHA (on the connections
+of ``_connections`` for a pool it builds itself, through the client's own ``evalsha`` for a
+client the application passes in), ``MemoryStore`` by the script's Python twin. Every
+redis-py error becomes ``BackendUnavailable`` here, with the original chained.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 from redis import exceptions as redis_errors
 
 from ._args import check_int, check_seconds
+from ._connections import Connections
 from ._errors import BackendUnavailable
 from ._memory import Arg, MemoryStore, Reply
 from ._notify import Notifier
@@ -161,7 +163,15 @@ class RedisStore:
     #: The command scripts publish wake-ups with (see ``Backend.publish_command``).
     publish_command = "PUBLISH"
 
-    __slots__ = ("_client", "_deadlines", "_gate", "_gate_timeout", "_notifier", "_owned")
+    __slots__ = (
+        "_client",
+        "_connections",
+        "_deadlines",
+        "_gate",
+        "_gate_timeout",
+        "_notifier",
+        "_owned",
+    )
 
     def __init__(
         self,
@@ -171,8 +181,12 @@ class RedisStore:
         max_calls: int | None = None,
         gate_timeout: float = DEFAULT_TIMEOUT,
         op_timeout: float | None = None,
+        connections: Connections | None = None,
     ) -> None:
         self._client = client
+        # Where scripts run: these connections (a pool this store owns, see _connections),
+        # else the client's own execute_command path (a client the application passed in).
+        self._connections = connections
         # Bounds each call (send and reply) here when the connections have no socket timeout
         # of their own (see socket_timeout): redis-py sends under asyncio.wait_for whenever a
         # socket timeout is set, which before Python 3.12 starts a task per command and can
@@ -213,6 +227,8 @@ class RedisStore:
                 gate.release()
 
     async def _call(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+        if self._connections is not None:
+            return await self._connections.run(script, keys, args)
         try:
             return await self._client.evalsha(script.sha, len(keys), *keys, *args)
         except redis_errors.NoScriptError:
@@ -251,6 +267,8 @@ class RedisStore:
             self._deadlines.close()
         if self._notifier is not None:
             await self._notifier.aclose()
+        if self._connections is not None:
+            await self._connections.aclose()
         if self._owned:
             await self._client.aclose()
 
@@ -393,6 +411,7 @@ class Backend:
             max_calls=max_connections,
             gate_timeout=timeout,
             op_timeout=op_timeout(timeout),
+            connections=Connections(pool.make_connection),
         )
         return cls._of(store, prefix=prefix, url=url)
 

@@ -25,19 +25,34 @@ def _lua_dir() -> Path:
 
 @dataclass(frozen=True, slots=True)
 class Script:
-    """One Lua file: its name (the file stem), source and SHA1."""
+    """One Lua file: its name (the file stem), source and SHA1, and the first two RESP
+    arguments of its EVALSHA and of its EVAL, packed once (``_connections.pack``)."""
 
     name: str
     source: str
     sha: str
+    evalsha_head: bytes
+    eval_head: bytes
 
     def __repr__(self) -> str:
         return f"<Script {self.name} {self.sha[:8]}>"
 
 
+def script(name: str, source: str) -> Script:
+    """The ``Script`` for Lua ``source`` (the files in ``lua/``, or a test's own script)."""
+    sha = hashlib.sha1(source.encode()).hexdigest()
+    data = source.encode()
+    return Script(
+        name,
+        source,
+        sha,
+        b"$7\r\nEVALSHA\r\n$40\r\n%b\r\n" % sha.encode(),
+        b"$4\r\nEVAL\r\n$%d\r\n%b\r\n" % (len(data), data),
+    )
+
+
 def _load(name: str) -> Script:
-    source = (LUA_DIR / f"{name}.lua").read_text(encoding="utf-8")
-    return Script(name, source, hashlib.sha1(source.encode()).hexdigest())
+    return script(name, (LUA_DIR / f"{name}.lua").read_text(encoding="utf-8"))
 
 
 LUA_DIR = _lua_dir()

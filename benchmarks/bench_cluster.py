@@ -28,7 +28,6 @@ show the cost of the routing, not the scaling a cluster gives across machines.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 from collections import Counter
 from collections.abc import Sequence
@@ -57,7 +56,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 import aioratelimit as arl
 from aioratelimit._cluster import parse_hosts
-from aioratelimit._scripts import Script
+from aioratelimit._scripts import script
 
 LIMIT = 100
 RATE = f"{LIMIT}/minute"
@@ -71,7 +70,7 @@ _WAKE = """\
 -- command; ARGV[2] the channel. Reply: the number of subscribers reached.
 return redis.call(ARGV[1], ARGV[2], '')
 """
-WAKE = Script("bench_wake", _WAKE, hashlib.sha1(_WAKE.encode()).hexdigest())
+WAKE = script("bench_wake", _WAKE)
 
 STANDALONE = "standalone: ours"
 CLUSTER = "cluster: ours"

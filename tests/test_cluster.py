@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,7 +23,7 @@ from redis.crc import key_slot
 
 import aioratelimit as arl
 from aioratelimit._cluster import ClusterStore, _ShardedPubSub, parse_hosts
-from aioratelimit._scripts import FIXED_WINDOW, Script
+from aioratelimit._scripts import FIXED_WINDOW, script
 
 #: A test-only script that wakes waiters the way the lock and idempotency scripts do:
 #: with the backend's publish command, on a channel that carries the keys' hash tag.
@@ -33,9 +32,7 @@ _PUBLISH_SOURCE = """\
 redis.call('SET', KEYS[1], '1', 'PX', 60000)
 return redis.call(ARGV[1], ARGV[2], 'wake')
 """
-PUBLISH = Script(
-    "test_publish", _PUBLISH_SOURCE, hashlib.sha1(_PUBLISH_SOURCE.encode()).hexdigest()
-)
+PUBLISH = script("test_publish", _PUBLISH_SOURCE)
 
 
 def _addresses(url: str) -> list[tuple[str, int]]:

@@ -1,0 +1,100 @@
+"""The connections a ``RedisStore`` built by ``Backend.from_url`` runs its scripts on.
+
+A call checks out one redis-py ``Connection``, writes one pre-packed EVALSHA, reads one
+reply and checks the connection back in: nothing else. ``redis.asyncio.Redis.execute_command``
+wraps every command in a pool lock, a retry loop, observability hooks and response callbacks,
+which costs more client time than the whole round trip to a local server does; this path
+keeps what the scripts need (redis-py's connection: connect, AUTH, SELECT, TLS, unix sockets,
+the hiredis reply parser and its error classes) and drops the rest.
+
+Two things redis-py's path does are deliberately not done here:
+
+- No retry: a script whose reply was lost may have run (a counted hit, a taken lock), so a
+  transport error becomes ``BackendUnavailable`` and the caller decides. A connection found
+  closed *before* the send (the server restarted while it idled) is reconnected first, as
+  redis-py's pool does on checkout.
+- No limit of its own: the store's gate lets at most ``max_connections`` calls in, and a
+  call holds exactly one connection, so there are never more connections than that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+
+from ._memory import Arg, Reply
+from ._scripts import Script
+
+
+def _bulk(arg: Arg) -> bytes:
+    """One argument as a RESP bulk string, encoded as redis-py's default encoder does."""
+    if type(arg) is str:
+        data = arg.encode()
+    elif type(arg) is int:
+        data = b"%d" % arg
+    elif type(arg) is bytes:
+        data = arg
+    else:
+        raise TypeError(f"a script argument must be str, int or bytes, not {type(arg).__name__}")
+    return b"$%d\r\n%b\r\n" % (len(data), data)
+
+
+def pack(head: bytes, keys: Sequence[str], args: Sequence[Arg]) -> bytes:
+    """``<command> <sha or source> <numkeys> keys... args...`` in RESP, ``head`` being the
+    packed command and script (``Script.evalsha_head`` or ``Script.eval_head``)."""
+    items = (*keys, *args)
+    return b"".join((b"*%d\r\n" % (3 + len(items)), head, _bulk(len(keys)), *map(_bulk, items)))
+
+
+class Connections:
+    """Idle connections, newest first out (a warm socket is reused before a cold one)."""
+
+    __slots__ = ("_closed", "_idle", "_make")
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make = make  # a new, unconnected redis.asyncio Connection
+        self._idle: list[Any] = []
+        self._closed = False
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+        """EVALSHA on one connection; on NOSCRIPT, EVAL on the same one (same call)."""
+        conn = self._idle.pop() if self._idle else self._make()
+        try:
+            if conn.is_connected:
+                try:
+                    dirty = await conn.can_read()  # data or EOF left on an idle socket
+                except (RedisConnectionError, OSError):
+                    dirty = True
+                if dirty:
+                    await conn.disconnect(nowait=True)
+            if not conn.is_connected:
+                await conn.connect()
+            await conn.send_packed_command(pack(script.evalsha_head, keys, args), False)
+            try:
+                return await conn.read_response()
+            except NoScriptError:
+                # After SCRIPT FLUSH, a restart or a failover: EVAL runs it and caches it.
+                await conn.send_packed_command(pack(script.eval_head, keys, args), False)
+                return await conn.read_response()
+        except ResponseError:
+            raise  # the server answered: the connection is in step and stays open
+        except BaseException:
+            # Cancelled or failed mid-exchange: a reply may still be on its way, so this
+            # socket can never be trusted again (redis-py closes it too; make sure).
+            await conn.disconnect(nowait=True)
+            raise
+        finally:
+            if self._closed:
+                await conn.disconnect(nowait=True)
+            else:
+                self._idle.append(conn)
+
+    async def aclose(self) -> None:
+        """Close every idle connection; one in use is closed when its call ends."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.disconnect(nowait=True)

@@ -1,0 +1,123 @@
+"""The connections ``Backend.from_url`` runs scripts on (``aioratelimit._connections``).
+
+Each call writes one pre-packed EVALSHA on one connection and reads one reply. These tests
+pin what that path must keep from redis-py's: the exact wire form, a reply never reaching
+another call (whatever is cancelled), connections that survive script errors but not broken
+exchanges, and a pool that is bounded and closed with the backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from conftest import RedisServer
+from redis.asyncio.connection import Connection
+
+import aioratelimit as arl
+from aioratelimit._connections import pack
+from aioratelimit._memory import Arg
+from aioratelimit._scripts import script
+
+#: Echoes its key and arguments: a reply that reached the wrong call would show it.
+ECHO = script("test_echo", "return {KEYS[1], ARGV[1]}")
+#: Fails inside the server with a script error (the exchange itself completes).
+FAIL = script("test_fail", "return redis.error_reply('ERR test failure')")
+
+
+def _clients(server: RedisServer) -> int:
+    """Connections the server has open, without the one asking."""
+    inspector = server.client()
+    try:
+        return len(inspector.client_list()) - 1
+    finally:
+        inspector.close()
+
+
+@pytest.mark.parametrize(
+    ("keys", "args"),
+    [
+        (["k"], []),
+        (["arl:fw:{user:42}:60"], [1, 1, 100, 60_000_000]),
+        (["ключ-{é}", "two"], ["ünïcode", b"\x00\xffraw", 0, -7, 2**62]),
+        ([], ["", "a" * 70_000]),
+    ],
+)
+def test_pack_matches_redis_py_byte_for_byte(keys: list[str], args: list[Arg]) -> None:
+    """The pre-packed command is exactly what redis-py would have sent for the same call."""
+    for s in (ECHO, FAIL):
+        theirs = b"".join(Connection().pack_command("EVALSHA", s.sha, len(keys), *keys, *args))
+        assert pack(s.evalsha_head, keys, args) == theirs
+        theirs = b"".join(Connection().pack_command("EVAL", s.source, len(keys), *keys, *args))
+        assert pack(s.eval_head, keys, args) == theirs
+
+
+@pytest.mark.parametrize("bad", [1.5, True, None, object()])
+def test_pack_refuses_what_it_cannot_encode(bad: object) -> None:
+    with pytest.raises(TypeError, match="script argument"):
+        pack(ECHO.evalsha_head, ["k"], [bad])  # type: ignore[list-item]
+
+
+async def test_no_reply_ever_reaches_another_call(own_redis: RedisServer) -> None:
+    """Calls cancelled at random points (before, during and after their exchange) never
+    leave a reply behind for the next call on the same connection."""
+    rng = random.Random(7)
+    async with arl.Backend.from_url(own_redis.url, max_connections=3) as backend:
+
+        async def call(i: int) -> None:
+            assert await backend.run(ECHO, [f"k{i}"], [str(i)]) == [
+                f"k{i}".encode(),
+                str(i).encode(),
+            ]
+
+        for round_ in range(40):
+            tasks = [asyncio.ensure_future(call(round_ * 100 + i)) for i in range(12)]
+            for _ in range(rng.randrange(4)):
+                await asyncio.sleep(0)
+            for task in rng.sample(tasks, 6):
+                task.cancel()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            # Everything not cancelled answered its own call (call() asserts the echo).
+            assert all(r is None or isinstance(r, asyncio.CancelledError) for r in results)
+        # And afterwards every connection is in step again.
+        await asyncio.gather(*(call(i) for i in range(50)))
+        assert _clients(own_redis) <= 3
+
+
+async def test_script_error_keeps_the_connection(own_redis: RedisServer) -> None:
+    """An error reply completes the exchange: the connection is reused, not reopened."""
+    inspector = own_redis.client()
+
+    def received() -> int:
+        return int(inspector.info("stats")["total_connections_received"])
+
+    try:
+        async with arl.Backend.from_url(own_redis.url, max_connections=1) as backend:
+            await backend.run(ECHO, ["k"], ["1"])
+            opened = received()
+            for _ in range(5):
+                with pytest.raises(arl.BackendUnavailable, match="test failure"):
+                    await backend.run(FAIL, ["k"], [])
+                assert await backend.run(ECHO, ["k"], ["2"]) == [b"k", b"2"]
+            assert received() == opened
+    finally:
+        inspector.close()
+
+
+async def test_aclose_closes_every_connection(own_redis: RedisServer) -> None:
+    """Idle connections close with the backend; one busy at that moment closes when its
+    call ends, and the backend opens no more."""
+    backend = arl.Backend.from_url(own_redis.url, max_connections=8)
+    await asyncio.gather(*(backend.run(ECHO, ["k"], [str(i)]) for i in range(8)))
+    assert 1 <= _clients(own_redis) <= 8
+    slow = script("test_slow", "local t = redis.call('TIME') return 1")
+    busy = asyncio.ensure_future(backend.run(slow, ["k"], []))
+    await asyncio.sleep(0)  # the call has its connection
+    await backend.aclose()
+    assert await busy == 1
+    for _ in range(50):
+        if _clients(own_redis) == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert _clients(own_redis) == 0
