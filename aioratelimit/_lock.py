@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import random
 import secrets
 import sys
 from collections.abc import Awaitable, Sequence
@@ -60,8 +62,21 @@ _HELD, _RELEASED, _LOST = "held", "released", "lost"
 _busy: dict[tuple[Notifier, str], int] = {}
 
 #: A resource's names on one backend: the acquire script's keys, the keys of release and
-#: extend, and how to wake waiters (channel, publish command).
-_Names = tuple[list[str], list[str], tuple[str, str]]
+#: extend, how to wake waiters (channel, publish command), and its key in ``_busy``.
+_Names = tuple[list[str], list[str], tuple[str, str], tuple[Notifier, str]]
+
+#: Draws the acquisitions' tokens: 128 bits, seeded from the OS and seeded again in a forked
+#: child (two processes never draw the same sequence), independent of the ``random`` module's
+#: global state. A token only has to be unique, not secret (whoever can read it can run
+#: scripts on the server anyway); ``secrets`` would cost a system call per acquisition.
+_tokens = random.Random(secrets.randbits(128))
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _tokens.seed(secrets.randbits(128)))
+
+
+def _new_token(bits: Any = _tokens.getrandbits) -> str:
+    """A fresh acquisition token: 32 hex digits."""
+    return f"{bits(128):032x}"
 
 
 def _margin(ttl: float) -> float:
@@ -165,7 +180,8 @@ class _Resource:
         cache = self._cache
         if cache is None or cache[0] is not backend:
             keys, owner_keys, channel = self._build_keys(backend.prefix)
-            names = (keys, owner_keys, (channel, backend.publish_command))
+            busy = (backend.notifier, channel)
+            names = (keys, owner_keys, (channel, backend.publish_command), busy)
             cache = self._cache = (backend, names)
         return cache[1]
 
@@ -183,12 +199,11 @@ class _Resource:
             timeout = check_timeout(timeout)
         backend = self._backend or get_backend()
         names = self._keys(backend)
-        token = secrets.token_hex(16)
+        token = _new_token()
         ttl = self.ttl
         args = self._acquire_args(token, to_ms(ttl))
         base = _cancels()
-        notifier = backend.notifier
-        busy = (notifier, names[2][0])
+        busy = names[3]
         others = _busy.get(busy, 0)
         _busy[busy] = others + 1
         try:

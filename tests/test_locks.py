@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import itertools
 import multiprocessing
+import os
 import random
 import time
 from typing import Any
@@ -17,6 +18,7 @@ from conftest import RedisServer
 
 import aioratelimit as arl
 from aioratelimit import _keys, _scripts
+from aioratelimit._lock import _new_token
 
 
 def lock_keys(backend: arl.Backend, name: str) -> tuple[str, str]:
@@ -630,3 +632,35 @@ async def test_memory_twins_answer_like_the_lua_scripts(
                     answers[side] = int(reply)
             assert answers["redis"] == answers["memory"], (step, op, token, answers)
         await delete(real, *calls["redis"]["acquire"][1])
+
+
+# -- tokens -------------------------------------------------------------------------------
+
+
+def test_tokens_are_unique_and_not_tied_to_the_global_random() -> None:
+    """128-bit hex tokens, all distinct; seeding the ``random`` module changes nothing."""
+    random.seed(0)
+    first = [_new_token() for _ in range(1000)]
+    random.seed(0)
+    second = [_new_token() for _ in range(1000)]
+    assert len(set(first + second)) == 2000
+    assert all(len(t) == 32 and int(t, 16) >= 0 for t in first)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_draws_other_tokens_than_its_parent() -> None:
+    """The token generator is seeded again in a forked child: the child's next token is not
+    the parent's next token (a copied state would make them equal)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its next token and leave at once
+        os.write(write, _new_token().encode())
+        os._exit(0)
+    os.close(write)
+    try:
+        os.waitpid(pid, 0)
+        child = os.read(read, 64).decode()
+    finally:
+        os.close(read)
+    assert len(child) == 32
+    assert child != _new_token()
