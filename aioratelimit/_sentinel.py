@@ -16,6 +16,7 @@ from urllib.parse import unquote, urlsplit
 
 from ._backend import RedisStore, _DedicatedPubSub
 from ._cluster import parse_hosts
+from ._connections import Connections
 from ._notify import Notifier
 
 
@@ -25,7 +26,16 @@ class SentinelStore(RedisStore):
     __slots__ = ("_sentinel",)
 
     def __init__(self, client: Any, sentinel: Any, *, max_calls: int, gate_timeout: float) -> None:
-        super().__init__(client, owned=True, max_calls=max_calls, gate_timeout=gate_timeout)
+        # Scripts run on connections of the client's pool class (Sentinel-managed: each one
+        # asks the sentinels for the master when it connects, and drops itself when it finds
+        # its server demoted), one pre-packed EVALSHA each, never resent (_connections).
+        super().__init__(
+            client,
+            owned=True,
+            max_calls=max_calls,
+            gate_timeout=gate_timeout,
+            connections=Connections(client.connection_pool.make_connection),
+        )
         self._sentinel = sentinel
 
     @property

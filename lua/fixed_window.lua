@@ -16,6 +16,34 @@ local commit = ARGV[2] == '1'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
+if #KEYS == 1 then
+  -- One rate, the common case: the loop below for one key, without its bookkeeping.
+  local key, limit = KEYS[1], tonumber(ARGV[3])
+  local count = redis.call('GET', key)
+  if count then
+    local reset = redis.call('PEXPIRETIME', key) * 1000 - now
+    if reset > 0 then
+      local rem = limit - tonumber(count)
+      if cost > rem then
+        return {0, limit, rem, reset, reset, now}
+      end
+      if commit then
+        redis.call('INCRBY', key, cost)
+      end
+      return {1, limit, rem - cost, reset, 0, now}
+    end
+  end
+  -- No window open (never was, expired, or ends at this very moment): a new one.
+  local window = tonumber(ARGV[4])
+  if cost > limit then
+    return {0, limit, limit, window, window, now}
+  end
+  if commit then
+    redis.call('SET', key, cost, 'PXAT', math.ceil((now + window) / 1000))
+  end
+  return {1, limit, limit - cost, window, 0, now}
+end
+
 local allowed = 1
 local best_limit, best_rem, best_reset, best_retry = 0, -1, 0, 0
 local counts, ends = {}, {}

@@ -37,6 +37,7 @@ if new_tat - now > capacity then
 end
 
 if commit then
-  redis.call('SET', KEYS[1], string.format('%.0f', new_tat), 'PXAT', math.ceil(new_tat / 1000))
+  -- A whole number below 2^53: redis.call writes it out exactly, digit for digit.
+  redis.call('SET', KEYS[1], new_tat, 'PXAT', math.ceil(new_tat / 1000))
 end
 return {1, burst, idiv(capacity - (new_tat - now), interval), new_tat - now, 0, now}
