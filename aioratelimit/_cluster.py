@@ -41,6 +41,7 @@ from redis import exceptions as redis_errors
 from redis.crc import key_slot
 
 from ._backend import RedisStore, _unavailable
+from ._connections import exchange
 from ._memory import Arg, Reply
 from ._notify import Notifier
 from ._scripts import Script
@@ -420,11 +421,14 @@ class _ShardedPubSub:
 
 
 async def _on_node(node: Any, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
-    """EVALSHA on the node the slot map names; on NOSCRIPT, EVAL on that same node."""
+    """EVALSHA on one connection of the node the slot map names (NOSCRIPT: EVAL on it),
+    written pre-packed (``_connections.exchange``) rather than by ``node.execute_command``.
+    The store's gate keeps the calls in flight within the node's connection limit."""
+    conn = node.acquire_connection()
     try:
-        return await node.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-    except redis_errors.NoScriptError:
-        return await node.execute_command("EVAL", script.source, len(keys), *keys, *args)
+        return await exchange(conn, script, keys, args)
+    finally:
+        node.release(conn)
 
 
 async def _asking_on(

@@ -49,6 +49,36 @@ def pack(head: bytes, keys: Sequence[str], args: Sequence[Arg]) -> bytes:
     return b"".join((b"*%d\r\n" % (3 + len(items)), head, _bulk(len(keys)), *map(_bulk, items)))
 
 
+async def exchange(conn: Any, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+    """One script call on one checked-out redis-py connection: EVALSHA, and on NOSCRIPT,
+    EVAL on the same connection (same call). Used by ``Connections`` and, on a cluster, on
+    the connections of the node that owns the keys."""
+    try:
+        if conn.is_connected:
+            try:
+                dirty = await conn.can_read()  # data or EOF left on an idle socket
+            except (RedisConnectionError, OSError):
+                dirty = True
+            if dirty:
+                await conn.disconnect(nowait=True)
+        if not conn.is_connected:
+            await conn.connect()
+        await conn.send_packed_command(pack(script.evalsha_head, keys, args), False)
+        try:
+            return await conn.read_response()
+        except NoScriptError:
+            # After SCRIPT FLUSH, a restart or a failover: EVAL runs it and caches it.
+            await conn.send_packed_command(pack(script.eval_head, keys, args), False)
+            return await conn.read_response()
+    except ResponseError:
+        raise  # the server answered: the connection is in step and stays open
+    except BaseException:
+        # Cancelled or failed mid-exchange: a reply may still be on its way, so this
+        # socket can never be trusted again (redis-py closes it too; make sure).
+        await conn.disconnect(nowait=True)
+        raise
+
+
 class Connections:
     """Idle connections, newest first out (a warm socket is reused before a cold one)."""
 
@@ -60,32 +90,10 @@ class Connections:
         self._closed = False
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
-        """EVALSHA on one connection; on NOSCRIPT, EVAL on the same one (same call)."""
+        """The call on an idle connection (or a new one), given back when it ends."""
         conn = self._idle.pop() if self._idle else self._make()
         try:
-            if conn.is_connected:
-                try:
-                    dirty = await conn.can_read()  # data or EOF left on an idle socket
-                except (RedisConnectionError, OSError):
-                    dirty = True
-                if dirty:
-                    await conn.disconnect(nowait=True)
-            if not conn.is_connected:
-                await conn.connect()
-            await conn.send_packed_command(pack(script.evalsha_head, keys, args), False)
-            try:
-                return await conn.read_response()
-            except NoScriptError:
-                # After SCRIPT FLUSH, a restart or a failover: EVAL runs it and caches it.
-                await conn.send_packed_command(pack(script.eval_head, keys, args), False)
-                return await conn.read_response()
-        except ResponseError:
-            raise  # the server answered: the connection is in step and stays open
-        except BaseException:
-            # Cancelled or failed mid-exchange: a reply may still be on its way, so this
-            # socket can never be trusted again (redis-py closes it too; make sure).
-            await conn.disconnect(nowait=True)
-            raise
+            return await exchange(conn, script, keys, args)
         finally:
             if self._closed:
                 await conn.disconnect(nowait=True)
