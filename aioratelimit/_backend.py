@@ -73,6 +73,7 @@ def _unavailable(exc: BaseException) -> BackendUnavailable:
 
 
 _timeout_cm: Any = getattr(asyncio, "timeout", None)  # Python 3.11+
+_running_loop = asyncio.get_running_loop
 #: Deadlines needs Task.uncancel/cancelling (Python 3.11+) to tell its own cancellation apart.
 _OWN_DEADLINES = hasattr(asyncio.Task, "uncancel")
 
@@ -169,6 +170,8 @@ class RedisStore:
         "_deadlines",
         "_gate",
         "_gate_timeout",
+        "_loop",
+        "_max_calls",
         "_notifier",
         "_owned",
     )
@@ -198,9 +201,14 @@ class RedisStore:
         # Backend.from_url). A free slot costs one non-blocking acquire; redis-py's
         # BlockingConnectionPool costs a Condition, a timeout and a context manager per call.
         self._gate = None if max_calls is None else asyncio.Semaphore(max_calls)
+        self._max_calls = max_calls
         self._gate_timeout = gate_timeout
+        # The event loop the connections and the gate serve (see _adopt).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+        if self._connections is not None and _running_loop() is not self._loop:
+            self._adopt(_running_loop())
         gate = self._gate
         if gate is not None:
             if gate.locked():
@@ -225,6 +233,18 @@ class RedisStore:
         finally:
             if gate is not None:
                 gate.release()
+
+    def _adopt(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Serve calls on ``loop`` from now on. Connections and a gate made on an earlier
+        loop (an application or test suite that runs ``asyncio.run`` more than once with one
+        backend) cannot be used on this one: they are dropped, not awaited on a loop that
+        has ended. One backend serves one running loop at a time."""
+        if self._loop is not None:
+            if self._max_calls is not None:
+                self._gate = asyncio.Semaphore(self._max_calls)
+            assert self._connections is not None
+            self._connections.abandon()
+        self._loop = loop
 
     async def _call(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         if self._connections is not None:

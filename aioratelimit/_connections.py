@@ -100,9 +100,38 @@ class Connections:
             else:
                 self._idle.append(conn)
 
+    def abandon(self) -> None:
+        """Drop the idle connections of an event loop that has ended: nothing can be
+        awaited on it any more, so each socket is closed directly."""
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            _close_without_loop(conn)
+
     async def aclose(self) -> None:
         """Close every idle connection; one in use is closed when its call ends."""
         self._closed = True
         idle, self._idle = self._idle, []
         for conn in idle:
             await conn.disconnect(nowait=True)
+
+
+def _close_without_loop(conn: Any) -> None:
+    """Close a connection whose event loop has ended (``disconnect`` would need that loop).
+
+    The transport's socket is closed directly; a TLS transport is unwrapped to the socket
+    transport under it. Private attributes of asyncio's selector transports, read
+    defensively: where they differ, the socket is left to the garbage collector."""
+    writer = getattr(conn, "_writer", None)
+    conn._writer = conn._reader = None  # what redis-py's __del__ checks
+    transport = getattr(writer, "transport", None)
+    while transport is not None:
+        # Marked closing: what StreamWriter.__del__ and the transports' own check.
+        for flag in ("_closing", "_closed"):
+            if hasattr(transport, flag):
+                setattr(transport, flag, True)
+        sock = getattr(transport, "_sock", None)
+        if sock is not None:
+            transport._sock = None
+            sock.close()
+            return
+        transport = getattr(getattr(transport, "_ssl_protocol", None), "_transport", None)

@@ -121,3 +121,25 @@ async def test_aclose_closes_every_connection(own_redis: RedisServer) -> None:
             break
         await asyncio.sleep(0.02)
     assert _clients(own_redis) == 0
+
+
+def test_one_backend_serves_successive_event_loops(own_redis: RedisServer) -> None:
+    """A backend used by one ``asyncio.run`` and then by another (an application run twice,
+    a test suite with a loop per test) decides on the second loop too, gate included; the
+    connections of the ended loop are dropped rather than awaited."""
+    backend = arl.Backend.from_url(own_redis.url, max_connections=2)
+    limiter = arl.FixedWindow("100/hour", backend=backend)
+
+    async def burst() -> list[int]:
+        # 20 calls on 2 connections: 18 of them wait at the gate of this loop.
+        decisions = await asyncio.gather(*(limiter.hit("k") for _ in range(20)))
+        return sorted(d.remaining for d in decisions)
+
+    assert asyncio.run(burst()) == list(range(80, 100))
+    assert asyncio.run(burst()) == list(range(60, 80))
+
+    async def last() -> None:
+        assert (await limiter.peek("k")).remaining == 59  # after one more hit
+        await backend.aclose()
+
+    asyncio.run(last())
