@@ -11,6 +11,7 @@ redis-py error becomes ``BackendUnavailable`` here, with the original chained.
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import logging
 import os
@@ -158,6 +159,54 @@ class Deadlines:
 _TRANSLATED = (redis_errors.RedisError, OSError, asyncio.TimeoutError)
 
 
+class Gate:
+    """Lets at most ``size`` calls in at once; the others wait in arrival order.
+
+    ``asyncio.Semaphore`` does the same, but through a coroutine per acquire; a call that
+    finds a slot free here pays one integer test (``if gate.free: gate.free -= 1``), and
+    ``leave`` hands its slot straight to the oldest live waiter. Invariant: ``free > 0``
+    only when no live waiter is queued (a waiter queues only when ``free`` is 0, and a slot
+    is added to ``free`` only when no live waiter takes it).
+    """
+
+    __slots__ = ("_waiters", "free")
+
+    def __init__(self, size: int) -> None:
+        self.free = size
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def wait(self, timeout: float) -> None:
+        """Wait for a slot, at most ``timeout`` seconds (then ``BackendUnavailable``)."""
+        slot: asyncio.Future[None] = _running_loop().create_future()
+        self._waiters.append(slot)
+        try:
+            if _timeout_cm is not None:
+                async with _timeout_cm(timeout):
+                    await slot
+            else:  # Python 3.10
+                await asyncio.wait_for(asyncio.shield(slot), timeout)
+        except BaseException as exc:
+            if slot.done() and not slot.cancelled():
+                self.leave()  # handed a slot just as it gave up: pass it on
+            else:
+                slot.cancel()  # skipped by leave()
+            if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+                raise BackendUnavailable(
+                    f"no pooled connection came free within {timeout} s"
+                ) from exc
+            raise
+
+    def leave(self) -> None:
+        """Give a slot back: to the oldest live waiter, else to ``free``."""
+        waiters = self._waiters
+        while waiters:
+            slot = waiters.popleft()
+            if not slot.done():
+                slot.set_result(None)
+                return
+        self.free += 1
+
+
 class RedisStore:
     """Runs scripts by EVALSHA on one shared ``redis.asyncio`` client."""
 
@@ -200,7 +249,7 @@ class RedisStore:
         # Bounds the calls in flight to the pool's size, so the pool never runs out (see
         # Backend.from_url). A free slot costs one non-blocking acquire; redis-py's
         # BlockingConnectionPool costs a Condition, a timeout and a context manager per call.
-        self._gate = None if max_calls is None else asyncio.Semaphore(max_calls)
+        self._gate = None if max_calls is None else Gate(max_calls)
         self._max_calls = max_calls
         self._gate_timeout = gate_timeout
         # The event loop the connections and the gate serve (see _adopt).
@@ -211,10 +260,10 @@ class RedisStore:
             self._adopt(_running_loop())
         gate = self._gate
         if gate is not None:
-            if gate.locked():
-                await self._wait_for_slot(gate)
+            if gate.free:
+                gate.free -= 1
             else:
-                await gate.acquire()  # returns at once: a slot is free
+                await gate.wait(self._gate_timeout)
         try:
             deadlines = self._deadlines
             if deadlines is None:
@@ -232,7 +281,7 @@ class RedisStore:
             raise _unavailable(exc) from exc
         finally:
             if gate is not None:
-                gate.release()
+                gate.leave()
 
     def _adopt(self, loop: asyncio.AbstractEventLoop) -> None:
         """Serve calls on ``loop`` from now on. Connections and a gate made on an earlier
@@ -241,7 +290,7 @@ class RedisStore:
         has ended. One backend serves one running loop at a time."""
         if self._loop is not None:
             if self._max_calls is not None:
-                self._gate = asyncio.Semaphore(self._max_calls)
+                self._gate = Gate(self._max_calls)
             assert self._connections is not None
             self._connections.abandon()
         self._loop = loop
@@ -255,20 +304,6 @@ class RedisStore:
             # After SCRIPT FLUSH, a restart or a failover: EVAL runs it and caches it
             # again on the node that owns the keys, inside the same call.
             return await self._client.eval(script.source, len(keys), *keys, *args)
-
-    async def _wait_for_slot(self, gate: asyncio.Semaphore) -> None:
-        """Every pooled connection is busy: wait for one, at most ``gate_timeout`` seconds."""
-        try:
-            if _timeout_cm is not None:
-                # asyncio.timeout runs in this task; wait_for would start a task per wait.
-                async with _timeout_cm(self._gate_timeout):
-                    await gate.acquire()
-            else:  # Python 3.10
-                await asyncio.wait_for(gate.acquire(), self._gate_timeout)
-        except (asyncio.TimeoutError, TimeoutError) as exc:
-            raise BackendUnavailable(
-                f"no pooled connection came free within {self._gate_timeout} s"
-            ) from exc
 
     @property
     def client(self) -> _ScriptClient:

@@ -137,10 +137,10 @@ class ClusterStore(RedisStore):
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         gate = self._gate
         assert gate is not None
-        if gate.locked():
-            await self._wait_for_slot(gate)
+        if gate.free:
+            gate.free -= 1
         else:
-            await gate.acquire()  # returns at once: a slot is free
+            await gate.wait(self._gate_timeout)
         try:
             if not self._ready:
                 await self.ready()
@@ -169,7 +169,7 @@ class ClusterStore(RedisStore):
             # Also RedisClusterException and redis-py internals: none may escape untranslated.
             raise _unavailable(exc) from exc
         finally:
-            gate.release()
+            gate.leave()
 
     async def _routed(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         """The call through ``RedisCluster`` itself: slower, but it follows MOVED, rediscovers

@@ -7,6 +7,10 @@ which costs more client time than the whole round trip to a local server does; t
 keeps what the scripts need (redis-py's connection: connect, AUTH, SELECT, TLS, unix sockets,
 the hiredis reply parser and its error classes) and drops the rest.
 
+It reads two attributes of redis-py's connection, ``_reader`` and ``_writer`` (its asyncio
+streams: the closed-while-idle check and the write), as redis-py itself does; the version
+is pinned below 9 and tests/test_connections.py pins the behaviour.
+
 Two things redis-py's path does are deliberately not done here:
 
 - No retry: a script whose reply was lost may have run (a counted hit, a taken lock), so a
@@ -19,10 +23,10 @@ Two things redis-py's path does are deliberately not done here:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
 from ._memory import Arg, Reply
@@ -54,16 +58,21 @@ async def exchange(conn: Any, script: Script, keys: Sequence[str], args: Sequenc
     EVAL on the same connection (same call). Used by ``Connections`` and, on a cluster, on
     the connections of the node that owns the keys."""
     try:
-        if conn.is_connected:
-            try:
-                dirty = await conn.can_read()  # data or EOF left on an idle socket
-            except (RedisConnectionError, OSError):
-                dirty = True
-            if dirty:
-                await conn.disconnect(nowait=True)
-        if not conn.is_connected:
+        # The connection's stream reader: None until connected. The server closed it while
+        # it sat idle (a restart, a client timeout) if it is at EOF or failed: reconnect
+        # before sending. (Leftover data cannot be there: an interrupted exchange closes it.)
+        reader = conn._reader
+        if reader is not None and (reader.at_eof() or reader.exception() is not None):
+            await conn.disconnect(nowait=True)
+            reader = None
+        if reader is None:
             await conn.connect()
-        await conn.send_packed_command(pack(script.evalsha_head, keys, args), False)
+        # What send_packed_command does, without its checks and its drain when the socket
+        # took the whole command at once (the common case for a small call).
+        writer = conn._writer
+        writer.write(pack(script.evalsha_head, keys, args))
+        if writer.transport.get_write_buffer_size():
+            await _drain(conn, writer)
         try:
             return await conn.read_response()
         except NoScriptError:
@@ -77,6 +86,16 @@ async def exchange(conn: Any, script: Script, keys: Sequence[str], args: Sequenc
         # socket can never be trusted again (redis-py closes it too; make sure).
         await conn.disconnect(nowait=True)
         raise
+
+
+async def _drain(conn: Any, writer: asyncio.StreamWriter) -> None:
+    """Wait until the socket has taken the command, within the connection's socket timeout
+    when it has one (Python 3.10: no deadline timer bounds the call)."""
+    timeout = conn.socket_timeout
+    if timeout:
+        await asyncio.wait_for(writer.drain(), timeout)
+    else:
+        await writer.drain()
 
 
 class Connections:
