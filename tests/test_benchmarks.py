@@ -48,6 +48,13 @@ def test_benchmark_smoke_run(
     assert done.stdout.startswith("# "), done.stdout[:500]
     assert TABLE_RULE.search(done.stdout), done.stdout[-2000:]
     assert bench_keys(sync_redis) <= before
+    if script.stem == "bench_idempotency":
+        # Not a timing: the counts must say one round trip per operation on both sides.
+        for operation in ("consume_token", "idempotent replay", "issue_token"):
+            row = re.search(rf"^\| {operation} +\| ([0-9.]+) +\| ([0-9.]+) +\|$",
+                            done.stdout, re.MULTILINE)  # fmt: skip
+            assert row is not None, done.stdout[-3000:]
+            assert row.groups() == ("1.00", "1.00"), row.group(0)
 
 
 def test_every_benchmark_is_found() -> None:
