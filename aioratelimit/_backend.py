@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from redis import exceptions as redis_errors
 
 from ._args import check_int, check_seconds
-from ._connections import Connections
+from ._connections import Connections, exchange
 from ._errors import BackendUnavailable
 from ._memory import Arg, MemoryStore, Reply
 from ._notify import Notifier
@@ -256,7 +256,10 @@ class RedisStore:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
-        if self._connections is not None and _running_loop() is not self._loop:
+        # One coroutine frame between the caller and the exchange: this one. Every layer
+        # here (gate, deadline, connection) is a plain call, not an awaited helper.
+        conns = self._connections
+        if conns is not None and _running_loop() is not self._loop:
             self._adopt(_running_loop())
         gate = self._gate
         if gate is not None:
@@ -264,22 +267,29 @@ class RedisStore:
                 gate.free -= 1
             else:
                 await gate.wait(self._gate_timeout)
+        deadlines = self._deadlines
+        task: asyncio.Task[Any] | None = None
+        cancelling = 0
         try:
-            deadlines = self._deadlines
-            if deadlines is None:
+            if deadlines is not None:
+                task, cancelling = deadlines.enter()
+            if conns is None:
                 return await self._call(script, keys, args)
-            task, cancelling = deadlines.enter()
+            conn = conns.take()
             try:
-                return await self._call(script, keys, args)
-            except asyncio.CancelledError:
-                if deadlines.expired(task, cancelling):
-                    raise asyncio.TimeoutError(f"no reply within {deadlines.timeout} s") from None
-                raise
+                return await exchange(conn, script, keys, args)
             finally:
-                deadlines.leave(task)
+                conns.give(conn)
+        except asyncio.CancelledError:
+            if task is not None and deadlines is not None and deadlines.expired(task, cancelling):
+                late = asyncio.TimeoutError(f"no reply within {deadlines.timeout} s")
+                raise _unavailable(late) from late
+            raise
         except _TRANSLATED as exc:
             raise _unavailable(exc) from exc
         finally:
+            if task is not None and deadlines is not None:
+                deadlines.leave(task)
             if gate is not None:
                 gate.leave()
 
@@ -296,8 +306,7 @@ class RedisStore:
         self._loop = loop
 
     async def _call(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
-        if self._connections is not None:
-            return await self._connections.run(script, keys, args)
+        """The call through a client the application passed in (its own path)."""
         try:
             return await self._client.evalsha(script.sha, len(keys), *keys, *args)
         except redis_errors.NoScriptError:

@@ -108,16 +108,17 @@ class Connections:
         self._idle: list[Any] = []
         self._closed = False
 
-    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
-        """The call on an idle connection (or a new one), given back when it ends."""
-        conn = self._idle.pop() if self._idle else self._make()
-        try:
-            return await exchange(conn, script, keys, args)
-        finally:
-            if self._closed:
-                await conn.disconnect(nowait=True)
-            else:
-                self._idle.append(conn)
+    def take(self) -> Any:
+        """A connection for one call: the newest idle one, else a new (unconnected) one."""
+        return self._idle.pop() if self._idle else self._make()
+
+    def give(self, conn: Any) -> None:
+        """Back after its call (closed if the pool was closed meanwhile). A connection the
+        exchange closed goes back too: it reconnects on its next call."""
+        if self._closed:
+            _close_now(conn)
+        else:
+            self._idle.append(conn)
 
     def abandon(self) -> None:
         """Drop the idle connections of an event loop that has ended: nothing can be
@@ -132,6 +133,16 @@ class Connections:
         idle, self._idle = self._idle, []
         for conn in idle:
             await conn.disconnect(nowait=True)
+
+
+def _close_now(conn: Any) -> None:
+    """``disconnect(nowait=True)`` without the await: close the stream on the running loop
+    (which unregisters the socket and closes it) and forget it."""
+    writer = conn._writer
+    if writer is not None:
+        conn._parser.on_disconnect()
+        conn._writer = conn._reader = None
+        writer.close()
 
 
 def _close_without_loop(conn: Any) -> None:
