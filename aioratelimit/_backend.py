@@ -332,6 +332,8 @@ class RedisStore:
         if self._notifier is not None:
             await self._notifier.aclose()
         if self._connections is not None:
+            if _running_loop() is not self._loop:
+                self._adopt(_running_loop())  # closed from a later loop than its last call
             await self._connections.aclose()
         if self._owned:
             await self._client.aclose()
