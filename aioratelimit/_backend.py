@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from redis import exceptions as redis_errors
 
 from ._args import check_int, check_seconds
-from ._connections import Connections, exchange
+from ._connections import Connections, close_without_loop, exchange
 from ._errors import BackendUnavailable
 from ._memory import Arg, MemoryStore, Reply
 from ._notify import Notifier
@@ -374,6 +374,13 @@ class _DedicatedPubSub:
         return await self._pubsub.get_message(
             ignore_subscribe_messages=ignore_subscribe_messages, timeout=timeout
         )
+
+    def abandon(self) -> None:
+        """Close the connection of an event loop that has ended, without that loop."""
+        self._closed = True
+        conn = getattr(self._pubsub, "connection", None)
+        if conn is not None:
+            close_without_loop(conn)
 
     async def aclose(self) -> None:
         self._closed = True

@@ -41,7 +41,7 @@ from redis import exceptions as redis_errors
 from redis.crc import key_slot
 
 from ._backend import RedisStore, _unavailable
-from ._connections import exchange
+from ._connections import close_without_loop, exchange
 from ._memory import Arg, Reply
 from ._notify import Notifier
 from ._scripts import Script
@@ -412,6 +412,17 @@ class _ShardedPubSub:
         pubsub = self._nodes.pop(address, None)
         if pubsub is not None:
             await _close_pubsub(pubsub)
+
+    def abandon(self) -> None:
+        """Close every node's connection of an event loop that has ended, without it."""
+        self._closed = True
+        for pubsub in self._nodes.values():
+            conn = getattr(pubsub, "connection", None)
+            if conn is not None:
+                close_without_loop(conn)
+        self._nodes.clear()
+        self._readers.clear()
+        self._where.clear()
 
     async def aclose(self) -> None:
         self._closed = True

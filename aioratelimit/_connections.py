@@ -125,7 +125,7 @@ class Connections:
         awaited on it any more, so each socket is closed directly."""
         idle, self._idle = self._idle, []
         for conn in idle:
-            _close_without_loop(conn)
+            close_without_loop(conn)
 
     async def aclose(self) -> None:
         """Close every idle connection; one in use is closed when its call ends."""
@@ -145,7 +145,7 @@ def _close_now(conn: Any) -> None:
         writer.close()
 
 
-def _close_without_loop(conn: Any) -> None:
+def close_without_loop(conn: Any) -> None:
     """Close a connection whose event loop has ended (``disconnect`` would need that loop).
 
     The transport's socket is closed directly; a TLS transport is unwrapped to the socket

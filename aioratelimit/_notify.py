@@ -115,6 +115,7 @@ class Notifier:
         "_closed",
         "_confirmed",
         "_factory",
+        "_loop",
         "_pubsub",
         "_reader",
         "_subs",
@@ -131,6 +132,8 @@ class Notifier:
         self._wanted = asyncio.Event() if factory is not None else None
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()
+        # The event loop the reader, the subscriber connection and the futures belong to.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def subscribe(self, channel: str, *, wake_all: bool = False) -> Subscription:
         """A subscription to enter with ``async with`` before the attempt it guards."""
@@ -153,7 +156,25 @@ class Notifier:
 
     # -- subscription bookkeeping ----------------------------------------------------------
 
+    def _adopt(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Serve subscriptions on ``loop``. The reader task, the subscriber connection and
+        the confirmation futures of an earlier loop (an application or a test suite that
+        runs ``asyncio.run`` more than once) are dead there: drop them, closing the old
+        connection without its loop, and start afresh on this one."""
+        if self._loop is not None:
+            old, self._pubsub = self._pubsub, None
+            abandon = getattr(old, "abandon", None)
+            if abandon is not None:
+                abandon()
+            self._reader = None
+            self._tasks = set()
+            self._confirmed = {}
+            self._wanted = asyncio.Event()
+        self._loop = loop
+
     async def _add(self, sub: Subscription) -> None:
+        if self._factory is not None and asyncio.get_running_loop() is not self._loop:
+            self._adopt(asyncio.get_running_loop())
         subs = self._subs.setdefault(sub.channel, [])
         subs.append(sub)
         if self._factory is None or self._closed:
@@ -277,6 +298,9 @@ class Notifier:
 
     async def aclose(self) -> None:
         """Stop the reader and close the subscriber connection; wake every waiter."""
+        loop = asyncio.get_running_loop()
+        if self._factory is not None and self._loop is not None and loop is not self._loop:
+            self._adopt(loop)  # closed from a later loop than its last subscription
         self._closed = True
         pending = list(self._tasks)
         reader, self._reader = self._reader, None

@@ -235,3 +235,34 @@ async def test_a_slot_handed_to_a_cancelled_waiter_goes_to_the_next() -> None:
     await asyncio.wait_for(second, 1)  # the slot went on to `second`
     gate.leave()
     assert gate.free == 1
+
+
+def test_contended_locks_on_successive_event_loops(own_redis: RedisServer) -> None:
+    """Waiters woken through the shared subscriber work on a second ``asyncio.run`` too:
+    the subscriber of the ended loop is closed without it and a new one opened, and the
+    backend closes from a third loop, with no socket left behind (a ResourceWarning fails
+    the suite). (A cluster backend does not follow a new loop: see docs/index.md.)"""
+    backend = arl.Backend.from_url(own_redis.url)
+    name = f"successive-{random.random()}"
+    held = 0
+    most = 0
+
+    async def contended() -> None:
+        async def worker() -> None:
+            nonlocal held, most
+            async with arl.lock(name, ttl=5, timeout=5, backend=backend):
+                held += 1
+                most = max(most, held)
+                await asyncio.sleep(0.005)
+                held -= 1
+
+        await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(6))), 10)
+
+    asyncio.run(contended())
+    asyncio.run(contended())
+    assert most == 1
+
+    async def close() -> None:
+        await backend.aclose()
+
+    asyncio.run(close())
