@@ -1,10 +1,12 @@
 """The Lua scripts, read once at import and run by SHA.
 
 Every Redis operation is one file in ``lua/`` (shipped inside the wheel as
-``aioratelimit/lua``). Each is read here once, its SHA1 computed locally, and the Redis
-store runs it with EVALSHA, loading it again on NOSCRIPT in exactly one place
-(``_backend.RedisStore.run``). The memory store answers the same ``Script`` objects with
-a Python function of the same name (``_memory``).
+``aioratelimit/lua``), except ``semaphore_common.lua``, the part the three semaphore
+steps share, read in front of each. Each is read here once, its SHA1 computed locally, and
+the Redis store runs it with EVALSHA, loading it again on NOSCRIPT in exactly one place
+(``_connections.exchange``, or ``RedisStore._call`` for a client passed in). The memory
+store answers the same ``Script`` objects with a Python function of the same name
+(``_memory``).
 """
 
 from __future__ import annotations
@@ -51,8 +53,15 @@ def script(name: str, source: str) -> Script:
     )
 
 
-def _load(name: str) -> Script:
-    return script(name, (LUA_DIR / f"{name}.lua").read_text(encoding="utf-8"))
+def _read(name: str) -> str:
+    return (LUA_DIR / f"{name}.lua").read_text(encoding="utf-8")
+
+
+def _load(name: str, *, after: str | None = None) -> Script:
+    """The script in ``lua/<name>.lua``; with ``after``, that file's Lua first, in the same
+    chunk (what several scripts share: a Redis script cannot include another)."""
+    source = _read(name) if after is None else _read(after) + _read(name)
+    return script(name, source)
 
 
 LUA_DIR = _lua_dir()
@@ -71,9 +80,9 @@ LOCK_ACQUIRE = _load("lock_acquire")
 LOCK_RELEASE = _load("lock_release")
 LOCK_EXTEND = _load("lock_extend")
 LOCK_LOCKED = _load("lock_locked")
-SEMAPHORE_ACQUIRE = _load("semaphore_acquire")
-SEMAPHORE_RELEASE = _load("semaphore_release")
-SEMAPHORE_EXTEND = _load("semaphore_extend")
+SEMAPHORE_ACQUIRE = _load("semaphore_acquire", after="semaphore_common")
+SEMAPHORE_RELEASE = _load("semaphore_release", after="semaphore_common")
+SEMAPHORE_EXTEND = _load("semaphore_extend", after="semaphore_common")
 SEMAPHORE_HOLDERS = _load("semaphore_holders")
 
 
