@@ -169,9 +169,10 @@ class Gate:
     is added to ``free`` only when no live waiter takes it).
     """
 
-    __slots__ = ("_waiters", "free")
+    __slots__ = ("_waiters", "free", "size")
 
     def __init__(self, size: int) -> None:
+        self.size = size
         self.free = size
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
@@ -220,7 +221,6 @@ class RedisStore:
         "_gate",
         "_gate_timeout",
         "_loop",
-        "_max_calls",
         "_notifier",
         "_owned",
     )
@@ -250,7 +250,6 @@ class RedisStore:
         # Backend.from_url). A free slot costs one non-blocking acquire; redis-py's
         # BlockingConnectionPool costs a Condition, a timeout and a context manager per call.
         self._gate = None if max_calls is None else Gate(max_calls)
-        self._max_calls = max_calls
         self._gate_timeout = gate_timeout
         # The event loop the connections and the gate serve (see _adopt).
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -299,8 +298,8 @@ class RedisStore:
         backend) cannot be used on this one: they are dropped, not awaited on a loop that
         has ended. One backend serves one running loop at a time."""
         if self._loop is not None:
-            if self._max_calls is not None:
-                self._gate = Gate(self._max_calls)
+            if self._gate is not None:
+                self._gate = Gate(self._gate.size)
             assert self._connections is not None
             self._connections.abandon()
         self._loop = loop

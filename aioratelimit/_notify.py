@@ -173,8 +173,9 @@ class Notifier:
         self._loop = loop
 
     async def _add(self, sub: Subscription) -> None:
-        if self._factory is not None and asyncio.get_running_loop() is not self._loop:
-            self._adopt(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        if self._factory is not None and loop is not self._loop:
+            self._adopt(loop)
         subs = self._subs.setdefault(sub.channel, [])
         subs.append(sub)
         if self._factory is None or self._closed:

@@ -229,6 +229,12 @@ def print_notes(*notes: str) -> None:
         print(f"\n{note}", flush=True)
 
 
+def print_smoke_note() -> None:
+    """At the end of a report: a smoke run's figures are not a measurement."""
+    if REPS < MIN_REPS:
+        print_notes(f"**Smoke run** (REPS={REPS} < {MIN_REPS}): not a measurement.")
+
+
 def version(package: str) -> str:
     try:
         return importlib.metadata.version(package)

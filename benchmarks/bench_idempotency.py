@@ -33,7 +33,6 @@ from typing import Any
 
 import redis.asyncio as aredis
 from _common import (
-    MIN_REPS,
     REPS,
     Op,
     bench_prefix,
@@ -45,6 +44,7 @@ from _common import (
     paired_ratio,
     print_header,
     print_notes,
+    print_smoke_note,
     print_table,
     progress,
     ratio,
@@ -320,8 +320,7 @@ def report(figs: Sequence[dict[str, float]], trips: list[list[str]]) -> None:
         "server column is the EVALSHA + EVAL calls in `INFO commandstats` over the run, so "
         "it would also count another client's scripts (the server should be otherwise idle).",
     )
-    if REPS < MIN_REPS:
-        print_notes(f"Smoke run: REPS={REPS} < {MIN_REPS}, the figures above mean nothing.")
+    print_smoke_note()
 
 
 async def main() -> None:

@@ -32,7 +32,6 @@ from typing import Any, Literal
 
 import redis.asyncio as aredis
 from _common import (
-    MIN_REPS,
     REPS,
     Op,
     bench_prefix,
@@ -44,6 +43,7 @@ from _common import (
     paired_ratio,
     print_header,
     print_notes,
+    print_smoke_note,
     print_table,
     progress,
     ratio,
@@ -569,8 +569,7 @@ def report(
         "per-repetition ratios. Speed ÷ raw is raw time ÷ our time (sequential) or our hits/s "
         "÷ raw hits/s (64 tasks): 1.00 means no overhead over the floor.",
     )
-    if REPS < MIN_REPS:
-        print_notes(f"**Smoke run** (REPS={REPS}): not a measurement.")
+    print_smoke_note()
 
 
 async def main() -> None:

@@ -37,7 +37,6 @@ from pathlib import Path
 
 import redis.asyncio as aredis
 from _common import (
-    MIN_REPS,
     REPS,
     bench_prefix,
     delete_prefix,
@@ -47,6 +46,7 @@ from _common import (
     perf,
     print_header,
     print_notes,
+    print_smoke_note,
     print_table,
     progress,
     ratio,
@@ -234,8 +234,7 @@ def report(rps: dict[str, list[float]]) -> None:
         "The servers are single uvicorn workers sharing the machine with the load generator "
         "and Redis; the figures are for comparing the conditions, not a capacity claim.",
     )
-    if REPS < MIN_REPS:
-        print_notes(f"**Smoke run** (REPS={REPS}): not a measurement.")
+    print_smoke_note()
 
 
 async def main() -> None:
