@@ -20,8 +20,8 @@ from ._errors import (
 )
 from ._idempotency import idempotent
 from ._lock import Lease, Lock, Semaphore, lock, semaphore
-from ._ratelimit import Decision, FixedWindow, SlidingWindow, TokenBucket
-from ._rates import Rate
+from ._ratelimit import FixedWindow, SlidingWindow, TokenBucket
+from ._rates import Decision, Rate
 from ._tokens import consume_token, consumes_token, issue_token
 
 __version__ = "0.1.0"

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 
 from ._backend import Backend, _redact
 from ._errors import BackendUnavailable
-from ._ratelimit import Decision, FixedWindow, SlidingWindow, TokenBucket, _Limiter
+from ._ratelimit import FixedWindow, SlidingWindow, TokenBucket, _Limiter
+from ._rates import Decision
 
 #: The scene: this many concurrent requests against limits of 5 per 2 seconds.
 BURST = 12

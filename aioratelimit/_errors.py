@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._ratelimit import Decision
+    from ._rates import Decision
 
 
 class AioRateLimitError(Exception):

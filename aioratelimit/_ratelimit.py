@@ -11,15 +11,14 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from . import _keys, _scripts
-from ._args import check_int, check_key, check_timeout, from_us
+from ._args import check_int, check_key, check_timeout
 from ._backend import Backend, get_backend
 from ._errors import RateLimited
-from ._rates import Rate, RateLike, as_rate
+from ._rates import Decision, Rate, RateLike, as_rate
 from ._scripts import Script
 
 P = ParamSpec("P")
@@ -27,43 +26,6 @@ R = TypeVar("R")
 
 #: Most sub-window buckets a SlidingWindow may use (the script reads them all per hit).
 MAX_BUCKETS = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """The answer to a hit or a peek, for the tightest of the limiter's rates."""
-
-    allowed: bool
-    #: the tightest rate's limit (a TokenBucket's burst)
-    limit: int
-    #: hits still admitted now under the tightest rate, after this one
-    remaining: int
-    #: seconds until the tightest rate is fully replenished
-    reset_after: float
-    #: 0.0 when allowed, else seconds until this cost could be admitted
-    retry_after: float
-
-
-# The generated __init__ of a frozen dataclass sets each field through object.__setattr__;
-# decode, run once per decision, sets the slots through their descriptors at half the cost.
-_new = object.__new__
-_set_allowed, _set_limit, _set_remaining, _set_reset_after, _set_retry_after = (
-    Decision.__dict__[field].__set__
-    for field in ("allowed", "limit", "remaining", "reset_after", "retry_after")
-)
-
-
-def decode(reply: Sequence[int]) -> Decision:
-    """The one reading of a limiter script's reply ``{allowed, limit, remaining, reset_us,
-    retry_us, now_us}``."""
-    remaining = int(reply[2])
-    decision = _new(Decision)
-    _set_allowed(decision, reply[0] == 1)
-    _set_limit(decision, int(reply[1]))
-    _set_remaining(decision, remaining if remaining > 0 else 0)
-    _set_reset_after(decision, from_us(reply[3]))
-    _set_retry_after(decision, from_us(reply[4]))
-    return decision
 
 
 class _Limiter:
@@ -126,15 +88,15 @@ class _Limiter:
         return backend.run(self._script, self._keys(backend, key), (cost, commit, *self._args))
 
     async def _decide(self, key: str, cost: int, commit: int) -> Decision:
-        return decode(await self._send(key, cost, commit))
+        return Decision.from_reply(await self._send(key, cost, commit))
 
     async def hit(self, key: str, cost: int = 1) -> Decision:
         """Count ``cost`` hits for ``key`` if every rate admits them (a denied hit counts none)."""
-        return decode(await self._send(key, cost, 1))
+        return Decision.from_reply(await self._send(key, cost, 1))
 
     async def peek(self, key: str, cost: int = 1) -> Decision:
         """What ``hit`` would answer now; changes nothing."""
-        return decode(await self._send(key, cost, 0))
+        return Decision.from_reply(await self._send(key, cost, 0))
 
     async def reset(self, key: str) -> None:
         """Forget every hit counted for ``key`` (under every rate of this limiter)."""

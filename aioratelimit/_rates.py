@@ -1,11 +1,13 @@
-"""``Rate``: a limit per window, and the parser for strings such as ``"100/minute"``."""
+"""``Rate``: a limit per window, the parser for strings such as ``"100/minute"``, and
+``Decision``: what a limiter answers for one hit."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._args import US, check_int, check_seconds, to_us
+from ._args import US, check_int, check_seconds, from_us, to_us
 
 _UNITS: dict[str, float] = {
     "ms": 0.001, "millisecond": 0.001, "milliseconds": 0.001,
@@ -74,3 +76,31 @@ def as_rate(value: object) -> Rate:
     if isinstance(value, str):
         return Rate.parse(value)
     raise TypeError(f"a rate must be a Rate or a str, not {type(value).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The answer to a hit or a peek, for the tightest of the limiter's rates."""
+
+    allowed: bool
+    #: the tightest rate's limit (a TokenBucket's burst)
+    limit: int
+    #: hits still admitted now under the tightest rate, after this one
+    remaining: int
+    #: seconds until the tightest rate is fully replenished
+    reset_after: float
+    #: 0.0 when allowed, else seconds until this cost could be admitted
+    retry_after: float
+
+    @classmethod
+    def from_reply(cls, reply: Sequence[int]) -> Decision:
+        """The one reading of a limiter script's reply ``{allowed, limit, remaining,
+        reset_us, retry_us, now_us}`` (see ``_scripts.LimiterReply``)."""
+        remaining = int(reply[2])
+        return cls(
+            reply[0] == 1,
+            int(reply[1]),
+            remaining if remaining > 0 else 0,
+            from_us(reply[3]),
+            from_us(reply[4]),
+        )

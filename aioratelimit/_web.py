@@ -25,7 +25,8 @@ from http import HTTPStatus
 from typing import Any
 
 from ._args import check_int, check_key
-from ._ratelimit import Decision, FixedWindow, SlidingWindow, TokenBucket, _Limiter
+from ._ratelimit import FixedWindow, SlidingWindow, TokenBucket, _Limiter
+from ._rates import Decision
 
 log = logging.getLogger("aioratelimit")
 

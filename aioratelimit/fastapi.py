@@ -29,7 +29,8 @@ from fastapi import FastAPI, HTTPException, Request, Response
 
 from ._backend import Backend
 from ._errors import BackendUnavailable
-from ._ratelimit import Decision, _Limiter
+from ._ratelimit import _Limiter
+from ._rates import Decision
 from ._tokens import consume_token
 from ._web import (
     UNAVAILABLE_RETRY_AFTER,

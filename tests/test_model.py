@@ -29,7 +29,7 @@ from hypothesis.stateful import (
 
 import aioratelimit as arl
 from aioratelimit._memory import Arg, MemoryStore, Reply
-from aioratelimit._ratelimit import decode
+from aioratelimit._rates import Decision
 from aioratelimit._scripts import Script
 
 T = TypeVar("T")
@@ -199,7 +199,7 @@ class LuaAgainstMemory(RuleBasedStateMachine):
         calls = self.new_server_calls(since)
         assert calls, "acquire made no decision"
         assert [c.reply[0] for c in calls] == [0] * (len(calls) - 1) + [int(admitted)]
-        assert decode(calls[-1].reply) == outcome
+        assert Decision.from_reply(calls[-1].reply) == outcome
         for call in calls:
             self.times.append(call.reply[5])
             reply = self.run(self.memory.run(call.script, call.keys, call.args))
