@@ -19,7 +19,8 @@ from ._errors import (
     TokenRejected,
 )
 from ._idempotency import idempotent
-from ._lock import Lease, Lock, Semaphore, lock, semaphore
+from ._lease import Lease
+from ._lock import Lock, Semaphore, lock, semaphore
 from ._ratelimit import FixedWindow, SlidingWindow, TokenBucket
 from ._rates import Decision, Rate
 from ._tokens import consume_token, consumes_token, issue_token

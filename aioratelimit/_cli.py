@@ -16,10 +16,11 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from ._backend import Backend, _redact
+from ._backend import Backend
 from ._errors import BackendUnavailable
 from ._ratelimit import FixedWindow, SlidingWindow, TokenBucket, _Limiter
 from ._rates import Decision
+from ._urls import redact as _redact
 
 #: The scene: this many concurrent requests against limits of 5 per 2 seconds.
 BURST = 12

@@ -44,17 +44,15 @@ import asyncio
 import functools
 import hashlib
 import inspect
-import itertools
 import json
 import logging
-import os
-import secrets
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
 from . import _keys, _scripts
+from ._aio import finish
 from ._args import check_int, check_key, check_seconds, check_timeout, from_us, to_us
 from ._backend import Backend, get_backend
 from ._errors import (
@@ -63,6 +61,7 @@ from ._errors import (
     IdempotencyKeyMismatch,
     ResultTooLarge,
 )
+from ._scripts import Claim
 
 log = logging.getLogger("aioratelimit")
 
@@ -74,9 +73,6 @@ MAX_RESULT_BYTES = 1 << 20
 
 #: Longest sleep of a waiter between two claims when no wake-up arrives (a lost message).
 FALLBACK_WAIT = 1.0
-
-# Release tasks started from cleanups, kept referenced until they finish.
-_pending: set[asyncio.Task[None]] = set()
 
 
 class Serializer(Protocol):
@@ -169,24 +165,6 @@ class Claimed:
 Outcome = Claimed | Replay | InProgress
 
 
-class _Owners:
-    """Owner tokens: a random 128-bit prefix per process and a counter, so every attempt
-    anywhere gets its own token without a system call per claim. (They fence our own
-    scripts; they need to be unique, not secret.)"""
-
-    def __init__(self) -> None:
-        self.reseed()
-
-    def reseed(self) -> None:
-        self.prefix = secrets.token_hex(16) + ":"
-        self.count = itertools.count()
-
-
-_owners = _Owners()
-if hasattr(os, "register_at_fork"):  # a forked child must not hand out its parent's tokens
-    os.register_at_fork(after_in_child=_owners.reseed)
-
-
 def _fingerprint(fingerprint: str | bytes | None) -> str:
     """A fixed-size stand-in for the request's fingerprint ('' for none)."""
     if fingerprint is None:
@@ -204,7 +182,7 @@ def _fingerprint(fingerprint: str | bytes | None) -> str:
 class IdempotencyStore:
     """Claims, leases and stored results of idempotency keys (see the module docstring)."""
 
-    __slots__ = ("_backend", "_head", "_lease_us", "_ttl_us", "lease", "max_bytes", "name", "ttl")
+    __slots__ = ("_backend", "_lease_us", "_ttl_us", "lease", "max_bytes", "name", "ttl")
 
     def __init__(
         self,
@@ -226,15 +204,10 @@ class IdempotencyStore:
         self._lease_us = to_us(self.lease)
         self.name = name
         self.max_bytes = check_int(max_bytes, "max_bytes")
-        self._head = ("", "")  # (backend prefix, key head) of the last backend used
 
     def _keys(self, backend: Backend, key: str) -> tuple[str, str]:
         """The key's record and wake-up channel on ``backend``."""
-        prefix, head = self._head
-        if prefix != backend.prefix:
-            head = _keys.idempotency_head(backend.prefix, self.name)
-            self._head = (backend.prefix, head)
-        return _keys.idempotency(head, key)
+        return _keys.idempotency(backend.head(_keys.IDEMPOTENCY_KIND, self.name), key)
 
     @property
     def backend(self) -> Backend:
@@ -253,23 +226,23 @@ class IdempotencyStore:
         fp = "" if fingerprint is None else _fingerprint(fingerprint)
         backend = self._backend or get_backend()
         record, channel = self._keys(backend, key)
-        owner = f"{_owners.prefix}{next(_owners.count):x}"
+        owner = _keys.new_token()
         try:
             reply = await backend.run(_scripts.IDEM_CLAIM, (record,), (owner, fp, self._lease_us))
         except BaseException:
             # The script may have run before the reply was lost: give back whatever this
             # owner may hold, rather than keep the key until the lease passes.
-            await _release_shielded(Claimed(backend, key, record, channel, owner), quiet=True)
+            await finish(_release_quietly(Claimed(backend, key, record, channel, owner), True))
             raise
         code = reply[0]
-        if code == 2:  # first: the hot path
+        if code == Claim.COMPLETED:  # first: the hot path
             payload = reply[1]
             if type(payload) is not bytes:
                 payload = payload.encode() if isinstance(payload, str) else bytes(payload)
             return Replay(key, payload)
-        if code == 0:
+        if code == Claim.CLAIMED:
             return Claimed(backend, key, record, channel, owner)
-        if code == 1:
+        if code == Claim.IN_PROGRESS:
             return InProgress(key, from_us(reply[1]))
         raise IdempotencyKeyMismatch(key=key)
 
@@ -388,7 +361,8 @@ class Running:
     ) -> None:
         self._claimed._stop_renewal()
         if not self._claimed.settled:
-            await _release_shielded(self._claimed)
+            # Even when the block was cancelled: the cancellation goes on once released.
+            await finish(_release_quietly(self._claimed, False))
 
 
 async def _release(claimed: Claimed) -> bool:
@@ -401,6 +375,8 @@ async def _release(claimed: Claimed) -> bool:
 
 
 async def _release_quietly(claimed: Claimed, quiet: bool) -> None:
+    """Release, logging a failure (the lease frees the key anyway). ``quiet``: at DEBUG
+    only (after a failed claim, which most likely never reached the server)."""
     try:
         await _release(claimed)
     except Exception as exc:  # the lease frees the key anyway
@@ -410,18 +386,6 @@ async def _release_quietly(claimed: Claimed, quiet: bool) -> None:
             claimed.key,
             exc,
         )
-
-
-async def _release_shielded(claimed: Claimed, quiet: bool = False) -> None:
-    """Release in a task the caller's cancellation cannot stop (the caller still sees it).
-
-    ``quiet``: a failure is logged at DEBUG only (after a failed claim, which most likely
-    never reached the server, so there is probably nothing to release).
-    """
-    task = asyncio.get_running_loop().create_task(_release_quietly(claimed, quiet))
-    _pending.add(task)
-    task.add_done_callback(_pending.discard)
-    await asyncio.shield(task)
 
 
 # -- the decorator -------------------------------------------------------------------------

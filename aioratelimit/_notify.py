@@ -112,6 +112,7 @@ class Notifier:
     """
 
     __slots__ = (
+        "_busy",
         "_closed",
         "_confirmed",
         "_factory",
@@ -125,6 +126,8 @@ class Notifier:
 
     def __init__(self, factory: PubSubFactory | None = None) -> None:
         self._factory = factory
+        # Acquires in flight in this process per channel (see ``arrive``).
+        self._busy: dict[str, int] = {}
         self._subs: dict[str, list[Subscription]] = {}
         self._pubsub: Any = None
         self._reader: asyncio.Task[None] | None = None
@@ -138,6 +141,20 @@ class Notifier:
     def subscribe(self, channel: str, *, wake_all: bool = False) -> Subscription:
         """A subscription to enter with ``async with`` before the attempt it guards."""
         return Subscription(self, channel, wake_all)
+
+    def arrive(self, channel: str) -> int:
+        """Count one more acquire in flight on ``channel`` in this process; returns how many
+        were there before it. A newcomer that finds others subscribes before its first try
+        instead of after it (one script less per contended acquisition)."""
+        others = self._busy.get(channel, 0)
+        self._busy[channel] = others + 1
+        return others
+
+    def depart(self, channel: str) -> None:
+        """The acquire counted by ``arrive`` is over."""
+        left = self._busy.pop(channel) - 1
+        if left:
+            self._busy[channel] = left
 
     def deliver(self, channel: str, payload: bytes | str = b"") -> None:
         """Hand one published message to the local waiters of ``channel``."""
@@ -159,13 +176,11 @@ class Notifier:
     def _adopt(self, loop: asyncio.AbstractEventLoop) -> None:
         """Serve subscriptions on ``loop``. The reader task, the subscriber connection and
         the confirmation futures of an earlier loop (an application or a test suite that
-        runs ``asyncio.run`` more than once) are dead there: drop them, closing the old
-        connection without its loop, and start afresh on this one."""
+        runs ``asyncio.run`` more than once) are of no use here: the reader closed the
+        connection when that loop shut down (it is cancelled then, like every task); start
+        afresh on this one."""
         if self._loop is not None:
-            old, self._pubsub = self._pubsub, None
-            abandon = getattr(old, "abandon", None)
-            if abandon is not None:
-                abandon()
+            self._pubsub = None
             self._reader = None
             self._tasks = set()
             self._confirmed = {}
@@ -240,6 +255,14 @@ class Notifier:
             self._reader = asyncio.get_running_loop().create_task(self._read_loop())
 
     async def _read_loop(self) -> None:
+        try:
+            await self._read_messages()
+        finally:
+            # Cancelled by aclose, or by the shutdown of the loop (the subscriber's
+            # connection belongs to it): close the connection while the loop still runs.
+            await self._drop_pubsub()
+
+    async def _read_messages(self) -> None:
         backoff = 0.05
         assert self._wanted is not None
         while not self._closed:
@@ -248,8 +271,9 @@ class Notifier:
                     await self._resubscribe()
                 if self._pubsub is None or not self._wanted.is_set():
                     # Nothing subscribed yet (or the SUBSCRIBE is still under way).
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(self._wanted.wait(), 1.0)
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(1.0):
+                            await self._wanted.wait()
                     continue
                 msg = await self._pubsub.get_message(ignore_subscribe_messages=False, timeout=1.0)
                 backoff = 0.05

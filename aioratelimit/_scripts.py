@@ -1,19 +1,29 @@
-"""The Lua scripts, read once at import and run by SHA.
+"""The Lua scripts, read once at import and run by SHA, and the names of what they answer.
 
 Every Redis operation is one file in ``lua/`` (shipped inside the wheel as
 ``aioratelimit/lua``), except ``semaphore_common.lua``, the part the three semaphore
 steps share, read in front of each. Each is read here once, its SHA1 computed locally, and
-the Redis store runs it with EVALSHA, loading it again on NOSCRIPT in exactly one place
-(``_connections.exchange``, or ``RedisStore._call`` for a client passed in). The memory
-store answers the same ``Script`` objects with a Python function of the same name
-(``_memory``).
+the Redis stores run it with EVALSHA, loading it again on NOSCRIPT (``_stores.wire`` for the
+connections a backend owns, ``_stores.standalone`` for a client passed in). The memory store
+answers the same ``Script`` objects with a Python twin of the same name (``_stores.memory``).
+
+``Arg`` and ``Reply`` are the types of a call; the small enums below name the codes a
+script answers with, next to the script (each compares equal to the bare integer Redis
+sends, so a raw reply and a twin's reply compare as they are).
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from enum import IntEnum
 from pathlib import Path
+from typing import Any
+
+#: One script argument as sent: RESP bulk strings made from ``str``, ``int`` or ``bytes``.
+Arg = int | str | bytes
+#: A script's raw reply (an integer, a bulk string, or a list of them).
+Reply = Any
 
 
 def _lua_dir() -> Path:
@@ -66,26 +76,63 @@ def _load(name: str, *, after: str | None = None) -> Script:
 
 LUA_DIR = _lua_dir()
 
+#: ``{allowed, limit, remaining, reset_after_us, retry_after_us, now_us}``: read by
+#: ``_rates.Decision.from_reply``.
 FIXED_WINDOW = _load("fixed_window")
 SLIDING_WINDOW = _load("sliding_window")
 TOKEN_BUCKET = _load("token_bucket")
+#: the number of keys that existed
 DELETE = _load("delete")
-TOKEN_ISSUE = _load("token_issue")
+
+TOKEN_ISSUE = _load("token_issue")  # 1 stored, 0 a record of that token exists already
 TOKEN_CONSUME = _load("token_consume")
+
+
+class Consumed(IntEnum):
+    """What ``token_consume`` answers."""
+
+    WRONG_SUBJECT = -1  # issued for another subject: left in place
+    UNKNOWN = 0  # never issued, expired or used already
+    CONSUMED = 1
+
+
 IDEM_CLAIM = _load("idem_claim")
-IDEM_RENEW = _load("idem_renew")
-IDEM_COMPLETE = _load("idem_complete")
-IDEM_RELEASE = _load("idem_release")
+
+
+class Claim(IntEnum):
+    """The first element of ``idem_claim``'s reply; the second depends on it."""
+
+    CLAIMED = 0  # {0, lease deadline_us}: run the call
+    IN_PROGRESS = 1  # {1, retry_us}: another owner's lease still runs
+    COMPLETED = 2  # {2, result}: replay it
+    MISMATCH = 3  # {3, 0}: the key was first used with another fingerprint
+
+
+IDEM_RENEW = _load("idem_renew")  # 1 renewed, 0 not held by this owner
+IDEM_COMPLETE = _load("idem_complete")  # 1 stored, 0 not held by this owner
+IDEM_RELEASE = _load("idem_release")  # 1 released, 0 not held by this owner
+
+#: ``{1, fence}`` held, ``{0, wait_ms}`` held by another (also ``semaphore_acquire``)
 LOCK_ACQUIRE = _load("lock_acquire")
 LOCK_RELEASE = _load("lock_release")
-LOCK_EXTEND = _load("lock_extend")
-LOCK_LOCKED = _load("lock_locked")
+
+
+class Released(IntEnum):
+    """What ``lock_release`` and ``semaphore_release`` answer."""
+
+    HELD_BY_OTHER = -1  # nothing changed (locks only)
+    NOT_HELD = 0  # expired, or the acquire never arrived
+    RELEASED = 1
+    RELEASED_BEFORE = 2  # a repeated release by the same token
+
+
+LOCK_EXTEND = _load("lock_extend")  # 1 extended, 0 not held by the token
+LOCK_LOCKED = _load("lock_locked")  # 1 held, 0 free
 SEMAPHORE_ACQUIRE = _load("semaphore_acquire", after="semaphore_common")
 SEMAPHORE_RELEASE = _load("semaphore_release", after="semaphore_common")
 SEMAPHORE_EXTEND = _load("semaphore_extend", after="semaphore_common")
-SEMAPHORE_HOLDERS = _load("semaphore_holders")
+SEMAPHORE_HOLDERS = _load("semaphore_holders")  # the number of live holders
 
 
-def all_scripts() -> dict[str, Script]:
-    """Every script by name (for the conformance tests and SCRIPT LOAD at start-up)."""
-    return {s.name: s for s in globals().values() if isinstance(s, Script)}
+#: Every script by name: what the memory store must have a twin for (a test checks it).
+SCRIPTS: dict[str, Script] = {s.name: s for s in list(globals().values()) if isinstance(s, Script)}

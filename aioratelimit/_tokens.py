@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-import secrets
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
@@ -21,6 +20,7 @@ from . import _keys, _scripts
 from ._args import check_seconds, to_us
 from ._backend import Backend, get_backend
 from ._errors import TokenRejected
+from ._scripts import Consumed
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -33,15 +33,9 @@ TOKEN_BYTES = 24
 _WELL_FORMED = re.compile(r"[A-Za-z0-9_-]{16,256}")
 
 
-# Backend prefix -> the start of its token keys (a handful of prefixes per process at most).
-_heads: dict[str, str] = {}
-
-
-def _key(prefix: str, token: str) -> str:
-    """The record of ``token`` under ``prefix``: named by the token's SHA-256."""
-    head = _heads.get(prefix)
-    if head is None:
-        head = _heads[prefix] = _keys.token_head(prefix)
+def _key(backend: Backend, token: str) -> str:
+    """The record of ``token`` on ``backend``: named by the token's SHA-256."""
+    head = backend.head(_keys.TOKEN_KIND)
     return _keys.token(head, hashlib.sha256(token.encode("ascii")).hexdigest())
 
 
@@ -74,8 +68,8 @@ async def issue_token(
     subject_hash = _subject(subject)
     b = _backend(backend)
     for _ in range(3):
-        token = secrets.token_urlsafe(TOKEN_BYTES)
-        key = _key(b.prefix, token)
+        token = _keys.new_token(TOKEN_BYTES)
+        key = _key(b, token)
         if await b.run(_scripts.TOKEN_ISSUE, (key,), (subject_hash, ttl_us)) == 1:
             return token
         # A record with this hash exists: 2**-192 odds, but never hand out a used token.
@@ -95,8 +89,8 @@ async def consume_token(
     b = get_backend() if backend is None else _backend(backend)
     if not isinstance(token, str) or _WELL_FORMED.fullmatch(token) is None:
         return False
-    key = _key(b.prefix, token)
-    return bool(await b.run(_scripts.TOKEN_CONSUME, (key,), (subject_hash,)) == 1)
+    key = _key(b, token)
+    return bool(await b.run(_scripts.TOKEN_CONSUME, (key,), (subject_hash,)) == Consumed.CONSUMED)
 
 
 def consumes_token(

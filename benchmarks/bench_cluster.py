@@ -55,8 +55,8 @@ from _common import (
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 import aioratelimit as arl
-from aioratelimit._cluster import parse_hosts
 from aioratelimit._scripts import script
+from aioratelimit._urls import parse_hosts
 
 LIMIT = 100
 RATE = f"{LIMIT}/minute"

@@ -129,9 +129,9 @@ class Bench:
         floor_sha, head = self.floor_sha, f"{self.prefix}:raw:{tag}"
         tokens = await issue_many(3 * total, backend)
         mine = tokens[:total]
-        alone_keys = [token_key(backend.prefix, t) for t in tokens[total : 2 * total]]
-        run_keys = [token_key(backend.prefix, t) for t in tokens[2 * total :]]
-        idem_head = _keys.idempotency_head(backend.prefix, None)
+        alone_keys = [token_key(backend, t) for t in tokens[total : 2 * total]]
+        run_keys = [token_key(backend, t) for t in tokens[2 * total :]]
+        idem_head = backend.head(_keys.IDEMPOTENCY_KIND)
         claim_keys = [_keys.idempotency(idem_head, f"r{k}")[0] for k in range(REPLAY_KEYS)]
         consume_sha, claim_sha = _scripts.TOKEN_CONSUME.sha, _scripts.IDEM_CLAIM.sha
         paid = {"status": "paid", "amount": 1250}

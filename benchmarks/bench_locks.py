@@ -59,7 +59,7 @@ from _common import (
 from redis.asyncio.lock import Lock as RedisPyLock
 
 import aioratelimit as arl
-from aioratelimit._backend import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, socket_timeout
+from aioratelimit._stores.base import DEFAULT_CONNECT_TIMEOUT
 
 try:
     import redis_lock
@@ -224,7 +224,7 @@ async def main() -> None:
     # Python 3.12); and room for 200 waiters of redis-py (a connection each while polling)
     # and of python-redis-lock (one blocked in BLPOP each).
     options: dict[str, Any] = {
-        "socket_timeout": socket_timeout(DEFAULT_TIMEOUT),
+        "socket_timeout": None,  # bounded by the store's deadline timer, as ours
         "socket_connect_timeout": DEFAULT_CONNECT_TIMEOUT,
         "max_connections": 1000,
     }

@@ -54,8 +54,8 @@ from _common import (
 from redis.asyncio.connection import DefaultParser
 
 import aioratelimit as arl
-from aioratelimit._backend import DEFAULT_MAX_CONNECTIONS
 from aioratelimit._scripts import script
+from aioratelimit._stores.base import DEFAULT_MAX_CONNECTIONS
 
 # limits emits DeprecationWarnings from its own dependencies; they are not ours to fix.
 warnings.filterwarnings("ignore", category=DeprecationWarning)

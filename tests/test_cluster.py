@@ -22,8 +22,10 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 
 import aioratelimit as arl
-from aioratelimit._cluster import ClusterStore, _ShardedPubSub, parse_hosts
 from aioratelimit._scripts import FIXED_WINDOW, script
+from aioratelimit._stores.cluster import ClusterStore
+from aioratelimit._stores.cluster_pubsub import ShardedPubSub
+from aioratelimit._urls import parse_hosts
 
 #: A test-only script that wakes waiters the way the lock and idempotency scripts do:
 #: with the backend's publish command, on a channel that carries the keys' hash tag.
@@ -262,7 +264,7 @@ async def test_sharded_wake_up_reaches_waiters_on_every_master(
         await sub.__aenter__()
     try:
         pubsub = notifier._pubsub
-        assert isinstance(pubsub, _ShardedPubSub)
+        assert isinstance(pubsub, ShardedPubSub)
         assert len(pubsub._nodes) == 3
         for tag in tags:
             await publish(cluster_backend, tag, channels[tag])

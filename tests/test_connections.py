@@ -1,4 +1,4 @@
-"""The connections ``Backend.from_url`` runs scripts on (``aioratelimit._connections``).
+"""The connections ``Backend.from_url`` runs scripts on (``aioratelimit._stores.wire``).
 
 Each call writes one pre-packed EVALSHA on one connection and reads one reply. These tests
 pin what that path must keep from redis-py's: the exact wire form, a reply never reaching
@@ -16,10 +16,9 @@ from conftest import RedisServer
 from redis.asyncio.connection import Connection
 
 import aioratelimit as arl
-from aioratelimit._backend import Gate
-from aioratelimit._connections import pack
-from aioratelimit._memory import Arg
-from aioratelimit._scripts import script
+from aioratelimit._aio import Gate
+from aioratelimit._scripts import Arg, script
+from aioratelimit._stores.wire import pack
 
 #: Echoes its key and arguments: a reply that reached the wrong call would show it.
 ECHO = script("test_echo", "return {KEYS[1], ARGV[1]}")

@@ -28,7 +28,7 @@ from aioratelimit._idempotency import (
 
 
 def record_key(backend: arl.Backend, key: str, name: str | None = None) -> str:
-    return _keys.idempotency(_keys.idempotency_head(backend.prefix, name), key)[0]
+    return _keys.idempotency(backend.head(_keys.IDEMPOTENCY_KIND, name), key)[0]
 
 
 async def test_first_call_runs_and_later_calls_replay(backend: arl.Backend, key: str) -> None:
@@ -505,7 +505,9 @@ def test_four_processes_run_the_body_once(
     assert len(results) == 100
     assert all(r == results[0] for r in results)
     assert results[0]["runs"] == 1
-    sync_redis.delete(counter, _keys.idempotency(_keys.idempotency_head(prefix, None), key)[0])
+    sync_redis.delete(
+        counter, _keys.idempotency(_keys.head(prefix, _keys.IDEMPOTENCY_KIND, None), key)[0]
+    )
 
 
 async def test_claim_cancelled_after_the_script_ran_frees_the_key(key: str) -> None:

@@ -4,6 +4,7 @@ held, and never left held by a cancellation."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import itertools
 import multiprocessing
@@ -18,11 +19,10 @@ from conftest import RedisServer
 
 import aioratelimit as arl
 from aioratelimit import _keys, _scripts
-from aioratelimit._lock import _new_token
 
 
 def lock_keys(backend: arl.Backend, name: str) -> tuple[str, str]:
-    return _keys.lock(backend.prefix, name)
+    return _keys.lock(backend.head(_keys.LOCK_KIND), name)
 
 
 async def delete(backend: arl.Backend, *keys: str) -> None:
@@ -352,7 +352,7 @@ async def test_500_random_cancellations_leave_nothing_held(backend: arl.Backend,
         if i % 5 == 4:
             try:
                 lease = await asyncio.wait_for(lk.acquire(), rng.random() * 0.002)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 lease = None
         else:
             task = asyncio.create_task(lk.acquire())
@@ -572,7 +572,7 @@ def _script_calls(
 ) -> dict[str, tuple[Any, list[str], list[Any]]]:
     """The scripts of a lock or semaphore named ``name`` and their keys and fixed arguments."""
     if kind == "lock":
-        k, channel = _keys.lock(backend.prefix, name)
+        k, channel = _keys.lock(backend.head(_keys.LOCK_KIND), name)
         keys = [k]
         return {
             "acquire": (_scripts.LOCK_ACQUIRE, keys, [60_000]),
@@ -580,7 +580,7 @@ def _script_calls(
             "extend": (_scripts.LOCK_EXTEND, keys, [60_000]),
             "state": (_scripts.LOCK_LOCKED, keys, []),
         }
-    holders, fences, channel = _keys.semaphore(backend.prefix, name)
+    holders, fences, channel = _keys.semaphore(backend.head(_keys.SEMAPHORE_KIND), name)
     keys = [holders, fences]
     return {
         "acquire": (_scripts.SEMAPHORE_ACQUIRE, keys, [60_000, 2]),
@@ -638,23 +638,25 @@ async def test_memory_twins_answer_like_the_lua_scripts(
 
 
 def test_tokens_are_unique_and_not_tied_to_the_global_random() -> None:
-    """128-bit hex tokens, all distinct; seeding the ``random`` module changes nothing."""
+    """128-bit URL-safe tokens, all distinct, free of the lock values' markers; seeding the
+    ``random`` module changes nothing."""
     random.seed(0)
-    first = [_new_token() for _ in range(1000)]
+    first = [_keys.new_token() for _ in range(1000)]
     random.seed(0)
-    second = [_new_token() for _ in range(1000)]
+    second = [_keys.new_token() for _ in range(1000)]
     assert len(set(first + second)) == 2000
-    assert all(len(t) == 32 and int(t, 16) >= 0 for t in first)
+    assert all(len(base64.urlsafe_b64decode(t + "==")) == 16 for t in first)
+    assert not any(set(t) & set(":~{}%") for t in first)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_draws_other_tokens_than_its_parent() -> None:
-    """The token generator is seeded again in a forked child: the child's next token is not
-    the parent's next token (a copied state would make them equal)."""
+    """A forked child's next token is not the parent's next token (a generator state copied
+    by fork would make them equal)."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report its next token and leave at once
-        os.write(write, _new_token().encode())
+        os.write(write, _keys.new_token().encode())
         os._exit(0)
     os.close(write)
     try:
@@ -662,5 +664,5 @@ def test_a_forked_child_draws_other_tokens_than_its_parent() -> None:
         child = os.read(read, 64).decode()
     finally:
         os.close(read)
-    assert len(child) == 32
-    assert child != _new_token()
+    assert len(child) == 22
+    assert child != _keys.new_token()

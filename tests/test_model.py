@@ -28,9 +28,9 @@ from hypothesis.stateful import (
 )
 
 import aioratelimit as arl
-from aioratelimit._memory import Arg, MemoryStore, Reply
 from aioratelimit._rates import Decision
-from aioratelimit._scripts import Script
+from aioratelimit._scripts import Arg, Reply, Script
+from aioratelimit._stores.memory import MemoryStore
 
 T = TypeVar("T")
 

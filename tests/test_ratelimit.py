@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 
 import aioratelimit as arl
-from aioratelimit._memory import Arg, Reply
-from aioratelimit._scripts import Script
+from aioratelimit._scripts import Arg, Reply, Script
 
 Make = Callable[[str, arl.Backend], Any]
 

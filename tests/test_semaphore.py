@@ -17,7 +17,7 @@ from aioratelimit import _keys, _scripts
 
 
 def sem_keys(backend: arl.Backend, name: str) -> tuple[str, str, str]:
-    return _keys.semaphore(backend.prefix, name)
+    return _keys.semaphore(backend.head(_keys.SEMAPHORE_KIND), name)
 
 
 async def test_never_more_than_limit_holders(backend: arl.Backend, key: str) -> None:

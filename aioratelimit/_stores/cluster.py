@@ -8,8 +8,8 @@ connection pools, rediscovery) and adds what the library promises on every backe
 - one round trip on the usual path: EVALSHA straight to the node the slot map names (redis-py's
   own routing resolves a command policy and the slot on every call: about 13 % slower);
 - a bounded number of calls in flight, queued rather than failed: redis-py's per-node pool
-  raises ``MaxConnectionsError`` at once when it is exhausted; the gate inherited from
-  ``RedisStore`` lets at most ``max_connections`` calls in, so no node's pool ever runs out;
+  raises ``MaxConnectionsError`` at once when it is exhausted; the store's gate lets at
+  most ``max_connections`` calls in, so no node's pool ever runs out;
 - one explicit ``initialize()`` before the first call (concurrent first calls on a fresh
   client raced each other in redis-py, redis/redis-py#3935);
 - NOSCRIPT answered by EVAL on the node that reported it, which caches the script there;
@@ -23,8 +23,13 @@ connection pools, rediscovery) and adds what the library promises on every backe
 
 Wake-ups use sharded pub/sub (Redis >= 7.0, which the scripts need anyway): scripts
 ``SPUBLISH`` on a channel that carries the hash tag of their keys (``backend.publish_command``),
-so a message stays inside the shard that owns it, and ``_ShardedPubSub`` holds one dedicated
-connection (outside the pool) per master that owns a channel someone waits on.
+so a message stays inside the shard that owns it, and ``cluster_pubsub.ShardedPubSub``
+holds one dedicated connection (outside the pool) per master that owns a channel someone
+waits on.
+
+Event loops: as on a standalone server (``standalone``), the store serves one running loop
+at a time, and the node connections opened on a loop are closed when that loop shuts down;
+the next loop discovers the cluster afresh.
 """
 
 from __future__ import annotations
@@ -35,60 +40,26 @@ import logging
 import time
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from redis import exceptions as redis_errors
 from redis.crc import key_slot
 
-from ._backend import RedisStore, _unavailable
-from ._connections import close_without_loop, exchange
-from ._memory import Arg, Reply
-from ._notify import Notifier
-from ._scripts import Script
+from .._aio import Gate, on_loop_shutdown
+from .._notify import Notifier
+from .._scripts import Arg, Reply, Script
+from .._urls import Address, parse_hosts
+from .base import unavailable
+from .cluster_pubsub import ShardedPubSub
+from .wire import exchange
 
 log = logging.getLogger("aioratelimit")
 
-Address = tuple[str, int]
+_running_loop = asyncio.get_running_loop
+
 
 #: How long a node whose subscriber connection failed is avoided when subscribing anew.
 SUSPECT_FOR = 5.0
-
-
-def parse_hosts(netloc: str, default_port: int) -> tuple[list[Address], str | None, str | None]:
-    """``[user[:password]@]host[:port][,host[:port]...]`` to (hosts, username, password)."""
-    username = password = None
-    if "@" in netloc:
-        auth, netloc = netloc.rsplit("@", 1)
-        user, sep, pw = auth.partition(":")
-        username = unquote(user) or None
-        password = unquote(pw) if sep else None
-    hosts: list[Address] = []
-    for part in netloc.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        host, port = part, default_port
-        if part.startswith("["):  # [ipv6]:port
-            host, _, rest = part[1:].partition("]")
-            if rest.startswith(":"):
-                port = _port(rest[1:], part)
-        elif part.count(":") == 1:
-            host, raw = part.split(":")
-            port = _port(raw, part)
-        hosts.append((host, port))
-    if not hosts:
-        raise ValueError("the URL names no host")
-    return hosts, username, password
-
-
-def _port(raw: str, part: str) -> int:
-    try:
-        port = int(raw)
-    except ValueError:
-        raise ValueError(f"bad port in {part!r}") from None
-    if not 0 < port < 65536:
-        raise ValueError(f"bad port in {part!r}")
-    return port
 
 
 def cluster_store(
@@ -113,20 +84,39 @@ def cluster_store(
         socket_connect_timeout=connect_timeout,
         **options,
     )
-    return ClusterStore(client, owned=True, max_calls=max_connections, gate_timeout=timeout)
+    return ClusterStore(client, owned=True, max_calls=max_connections, timeout=timeout)
 
 
-class ClusterStore(RedisStore):
+class ClusterStore:
     """Runs scripts by EVALSHA on a ``redis.asyncio.RedisCluster``, bounded and translated."""
 
-    __slots__ = ("_cluster", "_hints", "_ready", "_ready_lock", "_refresh", "_suspects")
+    __slots__ = (
+        "_cluster",
+        "_gate",
+        "_hints",
+        "_keeper",
+        "_loop",
+        "_notifier",
+        "_owned",
+        "_ready",
+        "_ready_lock",
+        "_refresh",
+        "_suspects",
+        "_timeout",
+    )
 
     #: Scripts publish wake-ups with this command: shard-local on a cluster.
     publish_command = "SPUBLISH"
 
-    def __init__(self, client: Any, *, owned: bool, max_calls: int, gate_timeout: float) -> None:
-        super().__init__(client, owned=owned, max_calls=max_calls, gate_timeout=gate_timeout)
-        self._cluster: Any = client  # the RedisCluster API beyond the _ScriptClient slice
+    def __init__(self, client: Any, *, owned: bool, max_calls: int, timeout: float) -> None:
+        self._cluster: Any = client  # a redis.asyncio.RedisCluster
+        self._owned = owned
+        self._timeout = timeout
+        self._gate = Gate(max_calls)
+        self._notifier: Notifier | None = None
+        # The loop the node connections, the gate and the lock serve (see _adopt).
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._keeper: asyncio.Task[None] | None = None
         self._ready = False
         self._ready_lock: asyncio.Lock | None = None
         self._refresh: asyncio.Task[None] | None = None
@@ -135,12 +125,13 @@ class ClusterStore(RedisStore):
         self._suspects: dict[Address, float] = {}
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+        if self._loop is not _running_loop():
+            self._adopt()
         gate = self._gate
-        assert gate is not None
         if gate.free:
             gate.free -= 1
         else:
-            await gate.wait(self._gate_timeout)
+            await gate.wait(self._timeout)
         try:
             if not self._ready:
                 await self.ready()
@@ -167,7 +158,7 @@ class ClusterStore(RedisStore):
                 return await self._routed(script, keys, args)
         except Exception as exc:
             # Also RedisClusterException and redis-py internals: none may escape untranslated.
-            raise _unavailable(exc) from exc
+            raise unavailable(exc) from exc
         finally:
             gate.leave()
 
@@ -183,19 +174,8 @@ class ClusterStore(RedisStore):
                 # EVAL with the same keys goes to the same master, which caches the script.
                 return await client.eval(script.source, len(keys), *keys, *args)
 
-        # Not asyncio.wait_for: before Python 3.12 it may swallow the caller's cancellation.
-        task = asyncio.ensure_future(call())
-        try:
-            done, _ = await asyncio.wait((task,), timeout=self._gate_timeout)
-        except BaseException:
-            task.cancel()
-            raise
-        if not done:
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-            raise asyncio.TimeoutError(f"no answer within {self._gate_timeout} s")
-        return task.result()
+        async with asyncio.timeout(self._timeout):
+            return await call()
 
     def _rediscover(self) -> None:
         """Refresh the slot map from the cluster in the background, one refresh at a time."""
@@ -226,6 +206,32 @@ class ClusterStore(RedisStore):
         if isinstance(reply, BaseException):
             raise reply
         return reply
+
+    def _adopt(self) -> None:
+        """Serve the running loop from now on: a fresh gate, lock and discovery, and a
+        keeper that closes the node connections when this loop shuts down."""
+        old, self._loop = self._keeper, _running_loop()
+        if old is not None and not old.get_loop().is_closed():
+            old.get_loop().call_soon_threadsafe(old.cancel)
+        self._gate = Gate(self._gate.size)
+        self._ready = False
+        self._ready_lock = None
+        self._refresh = None
+        # A client the application passed in is the application's to close.
+        self._keeper = on_loop_shutdown(self._disconnect) if self._owned else None
+
+    async def _disconnect(self) -> None:
+        """Close every node connection (they belong to the loop that is ending)."""
+        if self._keeper is asyncio.current_task():
+            self._loop = None  # the next call, on whichever loop, starts afresh
+        client = self._cluster
+        with contextlib.suppress(Exception):
+            await client.aclose()
+        # RedisCluster.aclose() does nothing while the client is marked for rediscovery
+        # (after a connection error), yet its nodes may hold open connections.
+        manager = client.nodes_manager
+        await manager.aclose("nodes_cache")
+        await manager.aclose("startup_nodes")
 
     async def ready(self) -> None:
         """Discover the cluster once, before any command (never concurrently)."""
@@ -274,7 +280,7 @@ class ClusterStore(RedisStore):
     def notifier(self) -> Notifier:
         """One subscriber connection per master that owns a channel someone waits on."""
         if self._notifier is None:
-            self._notifier = Notifier(lambda: _ShardedPubSub(self))
+            self._notifier = Notifier(lambda: ShardedPubSub(self))
         return self._notifier
 
     async def aclose(self) -> None:
@@ -284,151 +290,15 @@ class ClusterStore(RedisStore):
                 await self._refresh
         if self._notifier is not None:
             await self._notifier.aclose()
-        if self._owned:
-            client = self._cluster
-            await client.aclose()
-            # RedisCluster.aclose() does nothing while the client is marked for rediscovery
-            # (after a connection error), yet its nodes may hold open connections.
-            manager = client.nodes_manager
-            await manager.aclose("nodes_cache")
-            await manager.aclose("startup_nodes")
-
-
-class _ShardedPubSub:
-    """The Notifier's subscriber on a cluster: SSUBSCRIBE each channel on the master that owns
-    its slot, over one dedicated connection per master, read by one task per connection.
-
-    Any failure (a node gone, a MOVED, a slot migrated away under a subscription) surfaces
-    from ``get_message``; the Notifier then builds a new subscriber and subscribes every
-    channel again, which follows the MOVED hints and avoids the nodes that just failed.
-    """
-
-    def __init__(self, store: ClusterStore) -> None:
-        self._store = store
-        self._nodes: dict[Address, Any] = {}  # redis.asyncio PubSub per master
-        self._readers: dict[Address, asyncio.Task[None]] = {}
-        self._where: dict[str, Address] = {}
-        self._leaving: set[str] = set()
-        self._inbox: asyncio.Queue[dict[str, Any] | BaseException] = asyncio.Queue()
-        self._closed = False
-
-    @property
-    def subscribed(self) -> bool:
-        return bool(self._where)
-
-    async def subscribe(self, channel: str) -> None:
-        error: BaseException | None = None
-        for address in self._store.candidates(await self._store.owner(channel)):
-            try:
-                pubsub = self._node(address)
-                await pubsub.ssubscribe(channel)
-                if self._nodes.get(address) is not pubsub:
-                    # Dropped (or this subscriber closed) while it connected: a socket that
-                    # opened after the drop would leak, and nobody reads it.
-                    await _close_pubsub(pubsub)
-                    raise redis_errors.ConnectionError("the subscriber was closed meanwhile")
-                if address not in self._readers:
-                    reader = asyncio.get_running_loop().create_task(self._read(address, pubsub))
-                    self._readers[address] = reader
-            except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
-                # Try another node: it will answer MOVED to the current owner.
-                self._store.suspect(address)
-                await self._drop(address)
-                error = exc
-                continue
-            self._where[channel] = address
-            self._leaving.discard(channel)
-            return
-        raise redis_errors.ConnectionError(f"no cluster node took SSUBSCRIBE: {error!r}")
-
-    async def unsubscribe(self, channel: str) -> None:
-        address = self._where.pop(channel, None)
-        pubsub = self._nodes.get(address) if address is not None else None
-        if pubsub is not None:
-            self._leaving.add(channel)
-            await pubsub.sunsubscribe(channel)
-
-    async def get_message(
-        self, *, ignore_subscribe_messages: bool, timeout: float
-    ) -> dict[str, Any] | None:
-        if self._inbox.empty():
-            getter = asyncio.ensure_future(self._inbox.get())
-            try:
-                await asyncio.wait((getter,), timeout=timeout)
-            finally:
-                if not getter.done():
-                    getter.cancel()
-            if getter.cancelled() or not getter.done():
-                return None
-            item = getter.result()
-        else:
-            item = self._inbox.get_nowait()
-        if isinstance(item, BaseException):
-            raise item
-        kind = item.get("type")
-        if kind in ("sunsubscribe", b"sunsubscribe"):
-            channel = _text(item.get("channel"))
-            if channel in self._leaving:
-                self._leaving.discard(channel)
-            elif channel in self._where:
-                # Not asked for: the slot moved to another master under the subscription.
-                raise redis_errors.ConnectionError(f"the slot of {channel!r} moved")
-            return None
-        if ignore_subscribe_messages and kind in ("ssubscribe", b"ssubscribe"):
-            return None
-        return item
-
-    def _node(self, address: Address) -> Any:
-        if self._closed:
-            raise redis_errors.ConnectionError("the subscriber is closed")
-        pubsub = self._nodes.get(address)
-        if pubsub is None:
-            pubsub = _dedicated_pubsub(self._store.cluster, address)
-            self._nodes[address] = pubsub
-        return pubsub
-
-    async def _read(self, address: Address, pubsub: Any) -> None:
-        """Forward one node's messages (or the error that ends them) to the inbox."""
-        try:
-            while True:
-                msg = await pubsub.get_message(ignore_subscribe_messages=False, timeout=None)
-                if msg is not None:
-                    self._inbox.put_nowait(msg)
-        except asyncio.CancelledError:
-            raise
-        except redis_errors.MovedError as exc:
-            self._store.moved(exc.slot_id, (exc.host, int(exc.port)))
-            self._inbox.put_nowait(exc)
-        except Exception as exc:
-            self._store.suspect(address)
-            self._inbox.put_nowait(exc)
-
-    async def _drop(self, address: Address) -> None:
-        reader = self._readers.pop(address, None)
-        if reader is not None:
-            reader.cancel()
-            with contextlib.suppress(BaseException):
-                await reader
-        pubsub = self._nodes.pop(address, None)
-        if pubsub is not None:
-            await _close_pubsub(pubsub)
-
-    def abandon(self) -> None:
-        """Close every node's connection of an event loop that has ended, without it."""
-        self._closed = True
-        for pubsub in self._nodes.values():
-            conn = getattr(pubsub, "connection", None)
-            if conn is not None:
-                close_without_loop(conn)
-        self._nodes.clear()
-        self._readers.clear()
-        self._where.clear()
-
-    async def aclose(self) -> None:
-        self._closed = True
-        for address in list(self._nodes):
-            await self._drop(address)
-        self._where.clear()
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.cancel()  # it closes the node connections
+            if keeper.get_loop() is _running_loop():
+                await asyncio.wait([keeper])
+            elif not keeper.get_loop().is_closed():
+                keeper.get_loop().call_soon_threadsafe(keeper.cancel)
+        elif self._owned:
+            await self._disconnect()
 
 
 async def _on_node(node: Any, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
@@ -457,37 +327,3 @@ async def _asking_on(
     if isinstance(commands[0].result, BaseException):
         return commands[0].result
     return commands[1].result
-
-
-async def _close_pubsub(pubsub: Any) -> None:
-    """Close a dedicated PubSub and the one-connection pool under it."""
-    with contextlib.suppress(Exception):
-        await pubsub.aclose()
-    with contextlib.suppress(Exception):
-        await pubsub.connection_pool.disconnect()
-
-
-def _dedicated_pubsub(cluster: Any, address: Address) -> Any:
-    """A PubSub on its own one-connection pool to one node, with the cluster's credentials."""
-    import redis.asyncio as aredis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    kwargs = {
-        k: v
-        for k, v in cluster.get_connection_kwargs().items()
-        if k not in ("max_connections", "response_callbacks", "retry")
-    }
-    kwargs.update(host=address[0], port=address[1])
-    # The subscriber idles between messages: no read timeout. No silent reconnect either:
-    # a failure must reach the Notifier, which re-subscribes on the current owner.
-    kwargs["socket_timeout"] = None
-    kwargs["retry"] = Retry(NoBackoff(), 0)
-    pool = aredis.ConnectionPool(max_connections=1, **kwargs)
-    return aredis.Redis.from_pool(pool).pubsub()
-
-
-def _text(value: object) -> str | None:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return value if isinstance(value, str) else None

@@ -1,4 +1,4 @@
-"""The connections a ``RedisStore`` built by ``Backend.from_url`` runs its scripts on.
+"""The wire path: the connections a store built by ``Backend.from_url`` runs its scripts on.
 
 A call checks out one redis-py ``Connection``, writes one pre-packed EVALSHA, reads one
 reply and checks the connection back in: nothing else. ``redis.asyncio.Redis.execute_command``
@@ -9,7 +9,9 @@ the hiredis reply parser and its error classes) and drops the rest.
 
 It reads two attributes of redis-py's connection, ``_reader`` and ``_writer`` (its asyncio
 streams: the closed-while-idle check and the write), as redis-py itself does; the version
-is pinned below 9 and tests/test_connections.py pins the behaviour.
+is pinned below 9 and tests/test_connections.py pins the behaviour. It never touches the
+private state of an asyncio or uvloop transport: connections of an event loop are closed
+on that loop, when it shuts down (``_aio.on_loop_shutdown``) or when the store closes.
 
 Two things redis-py's path does are deliberately not done here:
 
@@ -29,8 +31,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
-from ._memory import Arg, Reply
-from ._scripts import Script
+from .._scripts import Arg, Reply, Script
 
 
 def _bulk(arg: Arg) -> bytes:
@@ -72,7 +73,10 @@ async def exchange(conn: Any, script: Script, keys: Sequence[str], args: Sequenc
         writer = conn._writer
         writer.write(pack(script.evalsha_head, keys, args))
         if writer.transport.get_write_buffer_size():
-            await _drain(conn, writer)
+            # Bounded by the connection's socket timeout where it has one (a cluster node),
+            # else by the store's deadline timer, like the read.
+            async with asyncio.timeout(conn.socket_timeout or None):
+                await writer.drain()
         try:
             return await conn.read_response()
         except NoScriptError:
@@ -86,16 +90,6 @@ async def exchange(conn: Any, script: Script, keys: Sequence[str], args: Sequenc
         # socket can never be trusted again (redis-py closes it too; make sure).
         await conn.disconnect(nowait=True)
         raise
-
-
-async def _drain(conn: Any, writer: asyncio.StreamWriter) -> None:
-    """Wait until the socket has taken the command, within the connection's socket timeout
-    when it has one (Python 3.10: no deadline timer bounds the call)."""
-    timeout = conn.socket_timeout
-    if timeout:
-        await asyncio.wait_for(writer.drain(), timeout)
-    else:
-        await writer.drain()
 
 
 class Connections:
@@ -120,13 +114,6 @@ class Connections:
         else:
             self._idle.append(conn)
 
-    def abandon(self) -> None:
-        """Drop the idle connections of an event loop that has ended: nothing can be
-        awaited on it any more, so each socket is closed directly."""
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            close_without_loop(conn)
-
     async def aclose(self) -> None:
         """Close every idle connection; one in use is closed when its call ends."""
         self._closed = True
@@ -143,25 +130,3 @@ def _close_now(conn: Any) -> None:
         conn._parser.on_disconnect()
         conn._writer = conn._reader = None
         writer.close()
-
-
-def close_without_loop(conn: Any) -> None:
-    """Close a connection whose event loop has ended (``disconnect`` would need that loop).
-
-    The transport's socket is closed directly; a TLS transport is unwrapped to the socket
-    transport under it. Private attributes of asyncio's selector transports, read
-    defensively: where they differ, the socket is left to the garbage collector."""
-    writer = getattr(conn, "_writer", None)
-    conn._writer = conn._reader = None  # what redis-py's __del__ checks
-    transport = getattr(writer, "transport", None)
-    while transport is not None:
-        # Marked closing: what StreamWriter.__del__ and the transports' own check.
-        for flag in ("_closing", "_closed"):
-            if hasattr(transport, flag):
-                setattr(transport, flag, True)
-        sock = getattr(transport, "_sock", None)
-        if sock is not None:
-            transport._sock = None
-            sock.close()
-            return
-        transport = getattr(getattr(transport, "_ssl_protocol", None), "_transport", None)

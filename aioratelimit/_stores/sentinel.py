@@ -1,11 +1,11 @@
 """Redis Sentinel: a store on whichever server the sentinels name as the master.
 
-``redis+sentinel://host:port[,host:port...]/service_name`` lists the sentinels. The client is
-redis-py's Sentinel master client: every new connection asks the sentinels for the current
-master, and a connection that finds its server demoted (READONLY) is dropped, so after a
-failover the same backend reaches the promoted replica. Calls are bounded and queued by the
-gate of ``RedisStore``, exactly as on a standalone server; the wake-up subscriber follows the
-master the same way (its connection class is the Sentinel-managed one).
+``redis+sentinel://host:port[,host:port...]/service_name`` lists the sentinels. Scripts run
+on connections of redis-py's Sentinel-managed class (``RedisStore``, one pre-packed EVALSHA
+each, never resent): every new connection asks the sentinels for the current master, and
+one that finds its server demoted (READONLY) drops itself, so after a failover the same
+backend reaches the promoted replica. The wake-up subscriber follows the master the same
+way (its connection class is the Sentinel-managed one, without redis-py's silent retry).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import asyncio
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from ._backend import RedisStore, _DedicatedPubSub
-from ._cluster import parse_hosts
-from ._connections import Connections
-from ._notify import Notifier
+from .._notify import Notifier
+from .._urls import parse_hosts
+from .pubsub import DedicatedPubSub
+from .standalone import RedisStore
 
 
 class SentinelStore(RedisStore):
@@ -25,17 +25,9 @@ class SentinelStore(RedisStore):
 
     __slots__ = ("_sentinel",)
 
-    def __init__(self, client: Any, sentinel: Any, *, max_calls: int, gate_timeout: float) -> None:
-        # Scripts run on connections of the client's pool class (Sentinel-managed: each one
-        # asks the sentinels for the master when it connects, and drops itself when it finds
-        # its server demoted), one pre-packed EVALSHA each, never resent (_connections).
-        super().__init__(
-            client,
-            owned=True,
-            max_calls=max_calls,
-            gate_timeout=gate_timeout,
-            connections=Connections(client.connection_pool.make_connection),
-        )
+    def __init__(self, client: Any, sentinel: Any, *, max_calls: int, timeout: float) -> None:
+        make = client.connection_pool.make_connection
+        super().__init__(client, make, max_calls=max_calls, timeout=timeout)
         self._sentinel = sentinel
 
     @property
@@ -43,7 +35,7 @@ class SentinelStore(RedisStore):
         """The wake-up subscriber, on a dedicated connection to the current master."""
         if self._notifier is None:
             client = self._client
-            self._notifier = Notifier(lambda: _SentinelPubSub(client))
+            self._notifier = Notifier(lambda: DedicatedPubSub(client, retry=False))
         return self._notifier
 
     async def aclose(self) -> None:
@@ -51,19 +43,6 @@ class SentinelStore(RedisStore):
             await super().aclose()
         finally:
             await self._sentinel.aclose()
-
-
-class _SentinelPubSub(_DedicatedPubSub):
-    """The dedicated subscriber, without redis-py's reconnect-and-resubscribe: when the
-    master fails, the error reaches the Notifier, which builds a new subscriber whose
-    connection asks the sentinels for the promoted master."""
-
-    def __init__(self, client: Any) -> None:
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
-        super().__init__(client)
-        self._pool.connection_kwargs["retry"] = Retry(NoBackoff(), 0)
 
 
 def _serialized_sentinel(hosts: list[tuple[str, int]], **kwargs: Any) -> Any:
@@ -104,13 +83,15 @@ def sentinel_store(
         hosts,
         sentinel_kwargs={"socket_timeout": timeout, "socket_connect_timeout": connect_timeout},
     )
+    # No socket timeout on the master's connections: the store's deadline timer bounds
+    # every call by `timeout`, as on a standalone server.
     client = sentinel.master_for(
         service,
         username=username,
         password=password,
         max_connections=max_connections,
-        socket_timeout=timeout,
+        socket_timeout=None,
         socket_connect_timeout=connect_timeout,
         **options,
     )
-    return SentinelStore(client, sentinel, max_calls=max_connections, gate_timeout=timeout)
+    return SentinelStore(client, sentinel, max_calls=max_connections, timeout=timeout)

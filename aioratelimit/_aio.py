@@ -1,0 +1,191 @@
+"""The asyncio building blocks every layer uses, each with one meaning and its own tests.
+
+- ``finish(aw)``: run a cleanup to its end even if the caller is cancelled meanwhile.
+- ``cancel_requested(base)`` / ``cancels()``: notice a cancellation that never arrived.
+- ``Gate``: at most ``size`` calls in at once, the others queued in arrival order.
+- ``Deadlines``: one timer bounding every call in flight of a store.
+- ``on_loop_shutdown(close)``: close what a store opened on a loop when that loop shuts down.
+
+Timeouts of a single await use ``asyncio.timeout`` (Python 3.11+), whose semantics are
+right: it turns only its own cancellation into ``TimeoutError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from ._errors import BackendUnavailable
+
+T = TypeVar("T")
+
+_running_loop = asyncio.get_running_loop
+
+
+async def finish(aw: Awaitable[T]) -> T:
+    """Await ``aw`` to its end in a task of its own, even if the caller is cancelled
+    meanwhile (a cleanup must not stop half-way: a release, a record given back). A
+    cancellation of the caller is raised once ``aw`` has finished, and wins over its
+    outcome; otherwise its result or exception is the caller's."""
+    task = asyncio.ensure_future(aw)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    if cancelled is not None:
+        if not task.cancelled():
+            task.exception()  # retrieved: the caller's cancellation wins
+        raise cancelled
+    return task.result()
+
+
+def cancels() -> int:
+    """How many cancellations of the current task are pending (0 outside a task)."""
+    task = asyncio.current_task()
+    return task.cancelling() if task is not None else 0
+
+
+def cancel_requested(base: int) -> None:
+    """Raise a cancellation requested since ``cancels()`` was ``base`` that never arrived.
+
+    ``asyncio.wait_for`` before Python 3.12 (redis-py sends each command under it when a
+    client passed in has a socket timeout) returns normally when the task is cancelled
+    just as the awaited call completes: the cancellation is lost, and a lock waiter would
+    go on past its caller's timeout. The task still counts the request; raise it here.
+    """
+    if cancels() > base:
+        raise asyncio.CancelledError
+
+
+class Gate:
+    """Lets at most ``size`` calls in at once; the others wait in arrival order.
+
+    ``asyncio.Semaphore`` does the same through a coroutine per acquire; here a call that
+    finds a slot free pays one integer test (``if gate.free: gate.free -= 1``) and
+    ``leave`` hands its slot straight to the oldest live waiter. Measured on the standalone
+    store's call path, that saves about 2.5 µs of client CPU per call (about 2 % of a
+    decision on a local server; docs/performance.md). Invariant: ``free > 0`` only when no
+    live waiter is queued.
+    """
+
+    __slots__ = ("_waiters", "free", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.free = size
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def wait(self, timeout: float) -> None:
+        """Wait for a slot, at most ``timeout`` seconds (then ``BackendUnavailable``)."""
+        slot: asyncio.Future[None] = _running_loop().create_future()
+        self._waiters.append(slot)
+        try:
+            async with asyncio.timeout(timeout):
+                await slot
+        except BaseException as exc:
+            if slot.done() and not slot.cancelled():
+                self.leave()  # handed a slot just as it gave up: pass it on
+            else:
+                slot.cancel()  # skipped by leave()
+            if isinstance(exc, TimeoutError):
+                raise BackendUnavailable(
+                    f"no pooled connection came free within {timeout} s"
+                ) from exc
+            raise
+
+    def leave(self) -> None:
+        """Give a slot back: to the oldest live waiter, else to ``free``."""
+        waiters = self._waiters
+        while waiters:
+            slot = waiters.popleft()
+            if not slot.done():
+                slot.set_result(None)
+                return
+        self.free += 1
+
+
+class Deadlines:
+    """Bounds every call in flight with ONE timer, not one per call.
+
+    ``asyncio.timeout`` arms a timer and enters a context manager per call; here a call
+    only records its task and deadline. When the earliest deadline passes, the timer
+    cancels the overdue tasks; each is then suspended inside its own call (a task is in
+    the table only between its call's first and last await), which turns that cancellation
+    into a timeout (``expired``), while an outer cancellation stays a cancellation.
+    """
+
+    __slots__ = ("_calls", "_expired", "_handle", "_loop", "timeout")
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._calls: dict[asyncio.Task[Any], float] = {}
+        self._expired: set[asyncio.Task[Any]] = set()
+        self._handle: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def enter(self) -> tuple[asyncio.Task[Any], int]:
+        """Register the current task's call; returns it and its cancellation count."""
+        task = asyncio.current_task()
+        assert task is not None
+        loop = task.get_loop()
+        deadline = loop.time() + self.timeout
+        self._calls[task] = deadline
+        if self._handle is None or self._loop is not loop:
+            self._loop = loop
+            self._handle = loop.call_at(deadline, self._check, loop)
+        return task, task.cancelling()
+
+    def leave(self, task: asyncio.Task[Any]) -> None:
+        del self._calls[task]
+        self._expired.discard(task)
+
+    def expired(self, task: asyncio.Task[Any], cancelling: int) -> bool:
+        """Was this CancelledError ours, and ours alone? (Then it is a timeout.)"""
+        if task not in self._expired:
+            return False
+        self._expired.discard(task)
+        return task.uncancel() <= cancelling
+
+    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
+        if loop is not self._loop:
+            return  # a timer left on a loop this store no longer runs on
+        self._handle = None
+        now = loop.time()
+        earliest: float | None = None
+        for task, deadline in self._calls.items():
+            if deadline <= now:
+                if task not in self._expired:
+                    self._expired.add(task)
+                    task.cancel()
+            elif earliest is None or deadline < earliest:
+                earliest = deadline
+        if earliest is not None:
+            self._handle = loop.call_at(earliest, self._check, loop)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+def on_loop_shutdown(close: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
+    """Run ``close()`` on the running loop when that loop shuts down.
+
+    ``asyncio.run``, ``asyncio.Runner``, ``uvloop.run``, anyio and pytest-asyncio all cancel
+    every task still pending on a loop before they close it: the returned task waits for
+    exactly that cancellation and then closes, while the loop still runs, what a store
+    opened on it (sockets cannot be closed once their loop is gone). Cancel the task to
+    close early (``aclose``); it also runs ``close()`` then.
+    """
+
+    async def keep() -> None:
+        try:
+            await _running_loop().create_future()
+        finally:
+            await close()
+
+    return _running_loop().create_task(keep(), name="aioratelimit: close on loop shutdown")

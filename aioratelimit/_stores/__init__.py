@@ -1,0 +1,15 @@
+"""The stores: where a backend's scripts run.
+
+``base``        the ``Store`` protocol and the one translation of redis-py and socket errors
+``memory``      ``memory://``: every script answered by its Python twin (``memory_*``),
+                on Redis's keyspace rules (``keyspace``)
+``wire``        the pre-packed EVALSHA on connections a backend owns
+``standalone``  one Redis server (``redis://``, ``rediss://``, ``unix://``, or a client
+                passed in), and its dedicated pub/sub subscriber (``pubsub``)
+``sentinel``    the server the sentinels name as the master
+``cluster``     the master that owns the keys' slot, and its sharded subscriber
+                (``cluster_pubsub``)
+
+Nothing here imports ``_backend`` or a primitive: stores know scripts, keys and arguments,
+never what a limiter or a lock means.
+"""

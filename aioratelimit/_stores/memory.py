@@ -1,0 +1,84 @@
+"""The embedded ``memory://`` store: every Lua script answered by its Python twin.
+
+``MemoryStore.run(script, keys, args)`` answers exactly what a Redis store answers for the
+same script, keys and arguments, given the same clock reading. The twins live in
+``memory_ratelimit``, ``memory_locks`` and ``memory_idempotency``, one function per file of
+``lua/``, named like it; the dispatch is derived from those names, and
+``tests/test_oracle.py`` runs the real Lua (fakeredis with lupa) against every twin.
+
+Keys expire by Redis's rule (``keyspace``); expired keys are dropped when touched and by an
+amortised sweep, so memory stays bounded by the keys that are live. A ``threading.Lock``
+makes each script atomic even when one store serves several event loops of one process.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import ModuleType
+
+from .._notify import Notifier
+from .._scripts import SCRIPTS, Arg, Reply, Script
+from . import memory_idempotency, memory_locks, memory_ratelimit
+from .keyspace import Keyspace
+
+Twin = Callable[[Keyspace, Sequence[str], Sequence[Arg], int], Reply]
+
+#: The modules that hold the twins.
+TWIN_MODULES: tuple[ModuleType, ...] = (memory_ratelimit, memory_locks, memory_idempotency)
+
+
+def twins() -> dict[str, Twin]:
+    """Every twin by script name: the functions of ``TWIN_MODULES`` named like a script."""
+    found: dict[str, Twin] = {}
+    for module in TWIN_MODULES:
+        for name in SCRIPTS:
+            fn = getattr(module, name, None)
+            if callable(fn):
+                found[name] = fn
+    return found
+
+
+_TWINS = twins()
+
+
+def wall_clock_us() -> int:
+    """The default clock: microseconds since the epoch, like Redis ``TIME``."""
+    return time.time_ns() // 1000
+
+
+class MemoryStore:
+    """An in-process store with the semantics of the Lua scripts."""
+
+    __slots__ = ("_clock", "_lock", "_ops", "keyspace", "notifier")
+
+    #: memory:// has no cluster: wake-ups are published in-process (see ``Backend``)
+    publish_command = "PUBLISH"
+
+    def __init__(self, clock: Callable[[], int] = wall_clock_us) -> None:
+        self._clock = clock
+        #: wake-ups are delivered in-process, synchronously, by the twins' PUBLISH
+        self.notifier = Notifier(None)
+        self.keyspace = Keyspace(self.notifier.deliver)
+        self._lock = threading.Lock()
+        self._ops = 0
+
+    def __repr__(self) -> str:
+        return f"<MemoryStore keys={len(self.keyspace.data)}>"
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+        """Run the Python twin of ``script`` atomically on the store's clock."""
+        twin = _TWINS[script.name]
+        with self._lock:
+            now = self._clock()
+            self._ops += 1
+            if self._ops > 1024 and self._ops > len(self.keyspace.data):
+                self.keyspace.sweep(now)
+                self._ops = 0
+            return twin(self.keyspace, keys, args, now)
+
+    async def aclose(self) -> None:
+        await self.notifier.aclose()
+        with self._lock:
+            self.keyspace.clear()

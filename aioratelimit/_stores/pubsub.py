@@ -1,0 +1,62 @@
+"""The wake-up subscriber of a standalone or Sentinel store: one redis-py PubSub on a
+dedicated one-connection pool, so it never takes one of the store's connections.
+
+The ``Notifier`` (``_notify``) drives it: subscribe, unsubscribe, read messages; on any
+failure it closes this one and builds a new one, which connects afresh (to the promoted
+master, behind Sentinel).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DedicatedPubSub:
+    """A redis-py PubSub on its own one-connection pool."""
+
+    def __init__(self, client: Any, *, retry: bool = True) -> None:
+        import redis.asyncio as aredis
+
+        pool = client.connection_pool
+        kwargs = dict(pool.connection_kwargs)
+        # The subscriber idles between messages: no read timeout on its socket.
+        kwargs["socket_timeout"] = None
+        if not retry:
+            # No silent reconnect-and-resubscribe: the failure must reach the Notifier,
+            # whose new subscriber asks the sentinels for the current master.
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+
+            kwargs["retry"] = Retry(NoBackoff(), 0)
+        self._pool = aredis.ConnectionPool(
+            connection_class=pool.connection_class, max_connections=1, **kwargs
+        )
+        self._pubsub: Any = aredis.Redis.from_pool(self._pool).pubsub()
+        self._closed = False
+
+    @property
+    def subscribed(self) -> bool:
+        return bool(self._pubsub.subscribed)
+
+    async def subscribe(self, channel: str) -> None:
+        await self._pubsub.subscribe(channel)
+        if self._closed:
+            # Closed while it connected (the Notifier dropped it after a failure): the
+            # connection opened after aclose(), and nobody will read or close it.
+            await self.aclose()
+            raise ConnectionError("the subscriber was closed while subscribing")
+
+    async def unsubscribe(self, channel: str) -> None:
+        await self._pubsub.unsubscribe(channel)
+
+    async def get_message(self, *, ignore_subscribe_messages: bool, timeout: float) -> Any:
+        return await self._pubsub.get_message(
+            ignore_subscribe_messages=ignore_subscribe_messages, timeout=timeout
+        )
+
+    async def aclose(self) -> None:
+        self._closed = True
+        try:
+            await self._pubsub.aclose()
+        finally:
+            await self._pool.disconnect()
