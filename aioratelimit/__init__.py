@@ -18,7 +18,7 @@ from ._errors import (
     ResultTooLarge,
     TokenRejected,
 )
-from ._idempotency import idempotent
+from ._idempotent import idempotent
 from ._lease import Lease
 from ._lock import Lock, Semaphore, lock, semaphore
 from ._ratelimit import FixedWindow, SlidingWindow, TokenBucket

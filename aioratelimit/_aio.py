@@ -33,7 +33,9 @@ async def finish(aw: Awaitable[T]) -> T:
     cancelled: asyncio.CancelledError | None = None
     while not task.done():
         try:
-            await asyncio.shield(task)
+            # asyncio.wait neither cancels the task nor raises its exception (shield would
+            # raise a failure of the cleanup over the caller's pending cancellation).
+            await asyncio.wait([task])
         except asyncio.CancelledError as exc:
             cancelled = exc
     if cancelled is not None:

@@ -17,7 +17,7 @@ from urllib.parse import unquote, urlsplit
 from .._notify import Notifier
 from .._urls import parse_hosts
 from .pubsub import DedicatedPubSub
-from .standalone import RedisStore
+from .standalone import RedisStore, OnLoop
 
 
 class SentinelStore(RedisStore):
@@ -37,6 +37,13 @@ class SentinelStore(RedisStore):
             client = self._client
             self._notifier = Notifier(lambda: DedicatedPubSub(client, retry=False))
         return self._notifier
+
+    async def _retire(self, on: OnLoop) -> None:
+        try:
+            await super()._retire(on)
+        finally:
+            # The sentinels' own connections (master discovery) belong to the loop too.
+            await self._sentinel.aclose()
 
     async def aclose(self) -> None:
         try:

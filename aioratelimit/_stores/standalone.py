@@ -45,7 +45,7 @@ class ScriptClient(Protocol):
     def aclose(self) -> Awaitable[None]: ...
 
 
-class _OnLoop:
+class OnLoop:
     """What a store opened on one event loop."""
 
     __slots__ = ("connections", "deadlines", "gate", "keeper", "loop")
@@ -77,7 +77,7 @@ class RedisStore:
         self._make = make  # a new, unconnected redis.asyncio Connection
         self._size = max_calls
         self._timeout = timeout
-        self._on: _OnLoop | None = None
+        self._on: OnLoop | None = None
         self._notifier: Notifier | None = None
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
@@ -111,17 +111,17 @@ class RedisStore:
             deadlines.leave(task)
             gate.leave()
 
-    def _adopt(self) -> _OnLoop:
+    def _adopt(self) -> OnLoop:
         """Serve the running loop from now on (see the module's event-loop contract)."""
         old = self._on
         if old is not None and old.keeper is not None and not old.loop.is_closed():
             # Still running elsewhere (another thread's loop): close its part there.
             old.loop.call_soon_threadsafe(old.keeper.cancel)
-        on = self._on = _OnLoop(self._make, self._size, self._timeout)
+        on = self._on = OnLoop(self._make, self._size, self._timeout)
         on.keeper = on_loop_shutdown(lambda: self._retire(on))
         return on
 
-    async def _retire(self, on: _OnLoop) -> None:
+    async def _retire(self, on: OnLoop) -> None:
         if self._on is on:
             self._on = None  # the next call on this loop (if any) starts afresh
         await on.aclose()

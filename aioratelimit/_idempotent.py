@@ -1,0 +1,157 @@
+"""``@arl.idempotent``: run an async function once per idempotency key and replay its
+result, on the claims of ``_idempotency.IdempotencyStore``; and the serializer it stores
+results with.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, ParamSpec, Protocol, TypeVar, cast
+
+from ._args import check_int, check_key
+from ._backend import Backend
+from ._errors import BackendUnavailable, IdempotencyInProgress
+from ._idempotency import MAX_RESULT_BYTES, Claimed, IdempotencyStore, InProgress, Replay
+
+log = logging.getLogger("aioratelimit")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Serializer(Protocol):
+    """How results are stored: ``dumps(obj) -> bytes | str`` and ``loads(bytes) -> obj``.
+
+    Any object (or module, like ``pickle``) with these two functions fits.
+    """
+
+    def dumps(self, obj: Any, /) -> bytes | str: ...
+
+    def loads(self, data: bytes, /) -> Any: ...
+
+
+class JsonSerializer:
+    """The default serializer: compact UTF-8 JSON."""
+
+    __slots__ = ()
+
+    # One encoder and decoder for all calls: json.dumps/loads with options build a new one
+    # each time, and json.loads of bytes first sniffs their encoding (replays are hot).
+    _encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+    _decoder = json.JSONDecoder()
+
+    def dumps(self, obj: Any, /) -> bytes:
+        return self._encoder.encode(obj).encode()
+
+    def loads(self, data: bytes, /) -> Any:
+        text = data.decode()
+        obj, end = self._decoder.raw_decode(text)
+        if end != len(text):
+            raise json.JSONDecodeError("extra data after the stored result", text, end)
+        return obj
+
+    def __repr__(self) -> str:
+        return "<JsonSerializer>"
+
+
+JSON = JsonSerializer()
+
+
+def idempotent(
+    key: str | Callable[..., str],
+    *,
+    ttl: float = 86400.0,
+    lease: float = 30.0,
+    fingerprint: Callable[..., str | bytes] | None = None,
+    wait: bool = False,
+    backend: Backend | None = None,
+    serializer: Serializer = JSON,
+    max_result_bytes: int = MAX_RESULT_BYTES,
+    name: str | None = None,
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Coroutine[Any, Any, R]]]:
+    """Run an async function once per idempotency key; later calls replay its result.
+
+    ``key`` (a callable given the function's arguments, or a string) names the operation.
+    The first call runs the function under a lease of ``lease`` seconds, renewed while it
+    runs, and stores its result (``serializer``, JSON by default) for ``ttl`` seconds; later
+    calls with that key return the stored result without running anything. While the first
+    call runs, another raises ``IdempotencyInProgress``, or with ``wait=True`` waits for
+    the first call's result (or, if it raised, claims the key and runs itself).
+
+    ``fingerprint(*args, **kwargs)`` (str or bytes) identifies the request's content: the key
+    used with another fingerprint raises ``IdempotencyKeyMismatch`` and runs nothing.
+
+    If the function raises, or the call is cancelled, nothing is stored and the key is free
+    at once; if the process dies, once the lease has passed. A result whose serialization
+    is over ``max_result_bytes`` raises ``ResultTooLarge`` (a ``ValueError``) after the
+    function ran, stores nothing and frees the key. ``name`` gives the keys a namespace of
+    their own (two decorated functions sharing key strings need different names).
+
+    The caller that ran the function gets its return value itself; replays get
+    ``serializer.loads(serializer.dumps(value))`` (JSON turns tuples into lists). If Redis is
+    unreachable when a call starts, ``BackendUnavailable`` is raised and nothing runs; if it
+    is unreachable when the result is to be stored, the caller still gets the result (a
+    warning is logged) and a later call runs the function again.
+    """
+    if not (isinstance(key, str) or callable(key)):
+        raise TypeError(f"key must be a str or a callable, not {type(key).__name__}")
+    if isinstance(key, str):
+        check_key(key)
+    if fingerprint is not None and not callable(fingerprint):
+        raise TypeError(f"fingerprint must be a callable, not {type(fingerprint).__name__}")
+    if not all(callable(getattr(serializer, m, None)) for m in ("dumps", "loads")):
+        raise TypeError("serializer must have dumps(obj) and loads(data) methods")
+    check_int(max_result_bytes, "max_result_bytes")
+    store = IdempotencyStore(backend, ttl=ttl, lease=lease, name=name, max_bytes=max_result_bytes)
+    key_of, fixed_key = (None, key) if isinstance(key, str) else (key, "")
+    loads = serializer.loads
+
+    def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"@idempotent decorates an async function, not {fn!r}")
+
+        @functools.wraps(fn)
+        async def once(*args: P.args, **kwargs: P.kwargs) -> R:
+            k = key_of(*args, **kwargs) if key_of is not None else fixed_key
+            fp = None if fingerprint is None else fingerprint(*args, **kwargs)
+            outcome = await store.claim(k, fp)
+            if type(outcome) is Replay:  # the hot path first
+                return cast(R, loads(outcome.payload))
+            if isinstance(outcome, InProgress):
+                if not wait:
+                    raise IdempotencyInProgress(key=k, retry_after=outcome.retry_after)
+                outcome = await store.wait(k, fp)
+                if isinstance(outcome, Replay):
+                    return cast(R, loads(outcome.payload))
+            assert isinstance(outcome, Claimed)
+            async with store.running(outcome):
+                result = await fn(*args, **kwargs)
+                data = serializer.dumps(result)
+                if isinstance(data, str):
+                    data = data.encode()
+                try:
+                    stored = await store.complete(outcome, data)
+                except BackendUnavailable as exc:
+                    # The function ran: its caller gets the result. A retry runs it again
+                    # once the key is released (below) or its lease passes.
+                    log.warning(
+                        "aioratelimit: the result of idempotency key %r was not stored: %s",
+                        k,
+                        exc,
+                    )
+                else:
+                    if not stored:
+                        log.warning(
+                            "aioratelimit: the result of idempotency key %r was not stored:"
+                            " its lease had passed and the key was taken over",
+                            k,
+                        )
+            return result
+
+        return once
+
+    return decorate

@@ -1,0 +1,255 @@
+"""The asyncio building blocks of ``aioratelimit._aio``, each on its own: ``finish``,
+``cancel_requested``, ``Gate``, ``Deadlines`` and ``on_loop_shutdown``."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+import aioratelimit as arl
+from aioratelimit._aio import Deadlines, Gate, cancel_requested, cancels, finish, on_loop_shutdown
+
+# -- finish ---------------------------------------------------------------------------------
+
+
+async def test_finish_runs_the_cleanup_to_its_end_despite_cancellations() -> None:
+    """Cancelled (even twice) while the cleanup runs: the cleanup still ends, and then the
+    caller's cancellation is raised."""
+    steps: list[str] = []
+
+    async def cleanup() -> str:
+        steps.append("start")
+        await asyncio.sleep(0.02)
+        steps.append("end")
+        return "done"
+
+    task = asyncio.ensure_future(finish(cleanup()))
+    await asyncio.sleep(0.005)
+    task.cancel()
+    await asyncio.sleep(0.005)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert steps == ["start", "end"]
+
+
+async def test_finish_returns_the_result_and_raises_the_error_when_not_cancelled() -> None:
+    async def ok() -> int:
+        await asyncio.sleep(0)
+        return 7
+
+    async def fails() -> None:
+        await asyncio.sleep(0)
+        raise KeyError("x")
+
+    assert await finish(ok()) == 7
+    with pytest.raises(KeyError):
+        await finish(fails())
+
+
+async def test_finish_lets_the_cancellation_win_over_a_failed_cleanup() -> None:
+    """A cleanup that fails after the caller was cancelled: the caller sees the cancellation
+    (and no "exception was never retrieved" is left behind)."""
+
+    async def fails_later() -> None:
+        await asyncio.sleep(0.01)
+        raise KeyError("x")
+
+    task = asyncio.ensure_future(finish(fails_later()))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+# -- cancel_requested -----------------------------------------------------------------------
+
+
+async def test_cancel_requested_raises_a_cancellation_that_never_arrived() -> None:
+    """A cancellation requested and then swallowed (as ``wait_for`` before 3.12 could) is
+    still counted by the task, and ``cancel_requested`` raises it."""
+    me = asyncio.current_task()
+    assert me is not None
+    base = cancels()
+    cancel_requested(base)  # nothing requested: nothing raised
+    me.cancel()
+    try:
+        await asyncio.sleep(0)
+    except asyncio.CancelledError:
+        pass  # swallowed, as a buggy wrapper would
+    with pytest.raises(asyncio.CancelledError):
+        cancel_requested(base)
+    me.uncancel()
+
+
+# -- the gate -------------------------------------------------------------------------------
+
+
+async def test_gate_bounds_orders_and_never_loses_a_slot() -> None:
+    """Random holders, waiters that give up (timeout) or are cancelled at random moments,
+    including just as a slot is handed to them: never more than ``size`` inside, waiters
+    enter in arrival order, and every slot is back at the end."""
+    rng = random.Random(11)
+    size = 3
+    gate = Gate(size)
+    inside = 0
+    most = 0
+
+    async def call(timeout: float) -> None:
+        nonlocal inside, most
+        if gate.free:
+            gate.free -= 1
+        else:
+            await gate.wait(timeout)
+        inside += 1
+        most = max(most, inside)
+        try:
+            await asyncio.sleep(rng.choice([0, 0, 0.001, 0.002]))
+        finally:
+            inside -= 1
+            gate.leave()
+
+    for _ in range(20):
+        tasks = [asyncio.ensure_future(call(rng.choice([0.0005, 0.003, 1.0]))) for _ in range(30)]
+        for _ in range(rng.randrange(6)):
+            await asyncio.sleep(rng.choice([0, 0.0005]))
+            rng.choice(tasks).cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for r in results:
+            assert r is None or isinstance(r, (asyncio.CancelledError, arl.BackendUnavailable)), r
+        assert inside == 0
+        assert gate.free == size  # no slot lost, none made up
+    assert most == size
+
+
+async def test_gate_serves_waiters_first_come_first_served() -> None:
+    gate = Gate(1)
+    gate.free -= 1  # held
+    order: list[int] = []
+
+    async def waiter(i: int) -> None:
+        await gate.wait(5)
+        order.append(i)
+        gate.leave()
+
+    tasks = [asyncio.ensure_future(waiter(i)) for i in range(10)]
+    await asyncio.sleep(0)
+    gate.leave()
+    await asyncio.gather(*tasks)
+    assert order == list(range(10))
+    assert gate.free == 1
+
+
+async def test_gate_timeout_is_backend_unavailable_and_frees_nothing() -> None:
+    gate = Gate(1)
+    gate.free -= 1
+    with pytest.raises(arl.BackendUnavailable, match="no pooled connection came free"):
+        await gate.wait(0.05)
+    gate.leave()
+    assert gate.free == 1
+
+
+async def test_a_slot_handed_to_a_cancelled_waiter_goes_to_the_next() -> None:
+    gate = Gate(1)
+    gate.free -= 1
+    first = asyncio.ensure_future(gate.wait(5))
+    second = asyncio.ensure_future(gate.wait(5))
+    await asyncio.sleep(0)
+    gate.leave()  # hands the slot to `first`...
+    first.cancel()  # ...which is cancelled before it runs again
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    async with asyncio.timeout(1):
+        await second  # the slot went on to `second`
+    gate.leave()
+    assert gate.free == 1
+
+
+# -- the deadline timer ---------------------------------------------------------------------
+
+
+async def test_deadlines_turn_only_their_own_cancellation_into_a_timeout() -> None:
+    """A call past its deadline is cancelled by the timer and ``expired`` says so; a call
+    cancelled from outside is not taken for a timeout; a call in time is left alone."""
+    deadlines = Deadlines(0.05)
+
+    async def call(sleep: float) -> str:
+        task, cancelling = deadlines.enter()
+        try:
+            await asyncio.sleep(sleep)
+            return "answered"
+        except asyncio.CancelledError:
+            if deadlines.expired(task, cancelling):
+                return "timed out"
+            raise
+        finally:
+            deadlines.leave(task)
+
+    late, quick, outer = (asyncio.ensure_future(call(s)) for s in (5, 0.001, 5))
+    await asyncio.sleep(0.01)
+    outer.cancel()
+    assert await late == "timed out"
+    assert await quick == "answered"
+    with pytest.raises(asyncio.CancelledError):
+        await outer
+    deadlines.close()
+
+
+async def test_deadlines_keep_an_outer_cancellation_that_meets_the_timeout() -> None:
+    """Cancelled from outside just as its deadline passes: it stays a cancellation."""
+    deadlines = Deadlines(0.02)
+
+    async def call() -> str:
+        task, cancelling = deadlines.enter()
+        try:
+            await asyncio.sleep(5)
+            return "answered"
+        except asyncio.CancelledError:
+            if deadlines.expired(task, cancelling):
+                return "timed out"
+            raise
+        finally:
+            deadlines.leave(task)
+
+    task = asyncio.ensure_future(call())
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.02, task.cancel)  # the same instant as the timer
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    deadlines.close()
+
+
+# -- closing on loop shutdown ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("runner", ["asyncio", "uvloop"])
+def test_on_loop_shutdown_closes_on_the_loop_before_it_closes(runner: str) -> None:
+    """``asyncio.run`` / ``uvloop.run`` end: the close runs while the loop still runs, once."""
+    import uvloop
+
+    closed: list[bool] = []
+
+    async def close() -> None:
+        await asyncio.sleep(0)  # awaiting works: the loop is still running
+        closed.append(asyncio.get_running_loop().is_running())
+
+    async def main() -> None:
+        on_loop_shutdown(close)
+
+    (asyncio.run if runner == "asyncio" else uvloop.run)(main())
+    assert closed == [True]
+
+
+async def test_on_loop_shutdown_closes_early_when_cancelled() -> None:
+    closed: list[int] = []
+
+    async def close() -> None:
+        closed.append(1)
+
+    keeper = on_loop_shutdown(close)
+    await asyncio.sleep(0)
+    keeper.cancel()
+    await asyncio.wait([keeper])
+    assert closed == [1]
