@@ -29,22 +29,20 @@ from fastapi import FastAPI, HTTPException, Request, Response
 
 from ._backend import Backend
 from ._errors import BackendUnavailable
-from ._ratelimit import _Limiter
-from ._rates import Decision
-from ._tokens import consume_token
-from ._web import (
+from ._http_answers import (
     UNAVAILABLE_RETRY_AFTER,
-    KeyFunc,
     OutageLog,
     Policy,
-    client_ip,
-    header,
-    path_param,
+    check_limiter,
+    exceeded_detail,
     problem_body,
-    resolve,
     seconds_header,
-    user_id,
+    unavailable_detail,
 )
+from ._ratelimit import _Limiter
+from ._rates import Decision
+from ._request_keys import KeyFunc, check_key_func, client_ip, header, path_param, resolve, user_id
+from ._tokens import consume_token
 
 __all__ = [
     "ConsumeToken",
@@ -86,7 +84,7 @@ def add_problem_handler(app: FastAPI) -> None:
 def _unavailable(what: str, retry_after: float) -> ProblemException:
     return ProblemException(
         503,
-        f"the {what} backend is unavailable; try again later",
+        unavailable_detail(what),
         {"Retry-After": str(seconds_header(retry_after))},
     )
 
@@ -119,15 +117,8 @@ class RateLimit:
         fail_open: bool = False,
         unavailable_retry_after: float = UNAVAILABLE_RETRY_AFTER,
     ) -> None:
-        if not isinstance(limiter, _Limiter):
-            raise TypeError(
-                "limiter must be a FixedWindow, SlidingWindow or TokenBucket,"
-                f" not {type(limiter).__name__}"
-            )
-        if key is not None and not callable(key):
-            raise TypeError(f"key must be a callable, not {type(key).__name__}")
-        self.limiter = limiter
-        self.key = key or client_ip()
+        self.limiter = check_limiter(limiter)
+        self.key = check_key_func(key, "key") or client_ip()
         self.cost = limiter._check_cost(cost)
         self.policy = Policy(limiter, policy_name or limiter.name or "default")
         self.fail_open = bool(fail_open)
@@ -147,11 +138,8 @@ class RateLimit:
             raise _unavailable("rate limit", self._retry_unavailable) from exc
         fields = self.policy.headers(decision)
         if not decision.allowed:
-            retry = seconds_header(decision.retry_after)
             raise ProblemException(
-                429,
-                f"rate limit exceeded; try again in {retry} s",
-                {k.decode(): v.decode() for k, v in fields},
+                429, exceeded_detail(decision), {k.decode(): v.decode() for k, v in fields}
             )
         for k, v in fields:
             response.headers.append(k.decode(), v.decode())
