@@ -16,7 +16,6 @@ from conftest import RedisServer
 from redis.asyncio.connection import Connection
 
 import aioratelimit as arl
-from aioratelimit._aio import Gate
 from aioratelimit._scripts import Arg, script
 from aioratelimit._stores.wire import pack
 
@@ -146,94 +145,6 @@ def test_one_backend_serves_successive_event_loops(own_redis: RedisServer) -> No
 
     asyncio.run(check())
     asyncio.run(close())  # from a loop that made no call: it closes the last loop's sockets
-
-
-# -- the gate in front of the connections ---------------------------------------------------
-
-
-async def test_gate_bounds_orders_and_never_loses_a_slot() -> None:
-    """Random holders, waiters that give up (timeout) or are cancelled at random moments,
-    including just as a slot is handed to them: never more than ``size`` inside, waiters
-    enter in arrival order, and every slot is back at the end."""
-    rng = random.Random(11)
-    size = 3
-    gate = Gate(size)
-    inside = 0
-    most = 0
-    entered: list[int] = []
-
-    async def call(i: int, timeout: float) -> None:
-        nonlocal inside, most
-        if gate.free:
-            gate.free -= 1
-        else:
-            await gate.wait(timeout)
-        inside += 1
-        most = max(most, inside)
-        entered.append(i)
-        try:
-            await asyncio.sleep(rng.choice([0, 0, 0.001, 0.002]))
-        finally:
-            inside -= 1
-            gate.leave()
-
-    for _ in range(20):
-        tasks = [
-            asyncio.ensure_future(call(i, rng.choice([0.0005, 0.003, 1.0]))) for i in range(30)
-        ]
-        for _ in range(rng.randrange(6)):
-            await asyncio.sleep(rng.choice([0, 0.0005]))
-            rng.choice(tasks).cancel()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        for r in results:
-            assert r is None or isinstance(r, (asyncio.CancelledError, arl.BackendUnavailable)), r
-        assert inside == 0
-        assert gate.free == size  # no slot lost, none made up
-    assert most == size
-
-
-async def test_gate_serves_waiters_first_come_first_served() -> None:
-    gate = Gate(1)
-    gate.free -= 1  # held
-    order: list[int] = []
-
-    async def waiter(i: int) -> None:
-        await gate.wait(5)
-        order.append(i)
-        gate.leave()
-
-    tasks = [asyncio.ensure_future(waiter(i)) for i in range(10)]
-    await asyncio.sleep(0)
-    gate.leave()
-    await asyncio.gather(*tasks)
-    assert order == list(range(10))
-    assert gate.free == 1
-
-
-async def test_gate_timeout_is_backend_unavailable_and_frees_nothing() -> None:
-    gate = Gate(1)
-    gate.free -= 1
-    started = asyncio.get_running_loop().time()
-    with pytest.raises(arl.BackendUnavailable, match="no pooled connection came free"):
-        await gate.wait(0.05)
-    assert asyncio.get_running_loop().time() - started < 1
-    gate.leave()
-    assert gate.free == 1
-
-
-async def test_a_slot_handed_to_a_cancelled_waiter_goes_to_the_next() -> None:
-    gate = Gate(1)
-    gate.free -= 1
-    first = asyncio.ensure_future(gate.wait(5))
-    second = asyncio.ensure_future(gate.wait(5))
-    await asyncio.sleep(0)
-    gate.leave()  # hands the slot to `first`...
-    first.cancel()  # ...which is cancelled before it runs again
-    with pytest.raises(asyncio.CancelledError):
-        await first
-    await asyncio.wait_for(second, 1)  # the slot went on to `second`
-    gate.leave()
-    assert gate.free == 1
 
 
 def test_contended_locks_on_successive_event_loops(own_redis: RedisServer) -> None:

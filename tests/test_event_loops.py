@@ -88,7 +88,8 @@ def test_one_backend_serves_successive_loops_on_a_server(
     """Two successive runs use one backend; after each, the server has no connection of
     ours left open (its loop's shutdown closed them), and the backend closes cleanly."""
     out = run_program(redis_url, runner, default, tmp_path)
-    assert "open after loop 0 0" in out and "open after loop 1 0" in out, out
+    assert "open after loop 0 0" in out, out
+    assert "open after loop 1 0" in out, out
     assert out.endswith("done\n")
 
 

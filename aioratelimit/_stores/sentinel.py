@@ -17,7 +17,7 @@ from urllib.parse import unquote, urlsplit
 from .._notify import Notifier
 from .._urls import parse_hosts
 from .pubsub import DedicatedPubSub
-from .standalone import RedisStore, OnLoop
+from .standalone import OnLoop, RedisStore
 
 
 class SentinelStore(RedisStore):
