@@ -5,6 +5,8 @@ connection pool per backend, decided on the Redis server's clock. ``memory://`` 
 in-process store with the same semantics, and the default when nothing is configured.
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from ._backend import Backend, configure, get_backend
 from ._errors import (
     AioRateLimitError,
@@ -25,7 +27,10 @@ from ._ratelimit import FixedWindow, SlidingWindow, TokenBucket
 from ._rates import Decision, Rate
 from ._tokens import consume_token, consumes_token, issue_token
 
-__version__ = "0.1.0"
+try:
+    __version__ = version("aioratelimit")  # one source of truth: pyproject.toml
+except PackageNotFoundError:  # a source tree on sys.path, not installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "AioRateLimitError",

@@ -95,3 +95,10 @@ def test_star_import_in_a_fresh_interpreter() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) == len(arl.__all__)
+
+
+def test_version_is_the_installed_distribution_s() -> None:
+    """``__version__`` comes from the package metadata, not from a second copy in the code."""
+    from importlib.metadata import version
+
+    assert arl.__version__ == version("aioratelimit")
