@@ -74,7 +74,7 @@ FALLBACK_WAIT = 1.0
 # -- outcomes of a claim -------------------------------------------------------------------
 
 
-@dataclass(slots=True)  # not frozen: this is the hot path, and frozen costs a setattr call
+@dataclass(frozen=True, slots=True)
 class Replay:
     """The key's call completed earlier; ``payload`` is what it stored (read-only)."""
 

@@ -1,5 +1,5 @@
 """The asyncio building blocks of ``aioratelimit._aio``, each on its own: ``finish``,
-``cancel_requested``, ``Gate``, ``Deadlines`` and ``on_loop_shutdown``."""
+``cancel_requested``, ``Gate``, ``Deadlines`` and ``Keeper``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import random
 import pytest
 
 import aioratelimit as arl
-from aioratelimit._aio import Deadlines, Gate, cancel_requested, cancels, finish, on_loop_shutdown
+from aioratelimit._aio import Deadlines, Gate, Keeper, cancel_requested, cancels, finish
 
 # -- finish ---------------------------------------------------------------------------------
 
@@ -169,24 +169,26 @@ async def test_a_slot_handed_to_a_cancelled_waiter_goes_to_the_next() -> None:
 # -- the deadline timer ---------------------------------------------------------------------
 
 
+async def bounded(deadlines: Deadlines, sleep: float) -> str:
+    """A call as a store makes it under the timer: "answered", "timed out", or cancelled."""
+    task, cancelling = deadlines.enter()
+    try:
+        await asyncio.sleep(sleep)
+        return "answered"
+    except asyncio.CancelledError:
+        if deadlines.expired(task, cancelling):
+            return "timed out"
+        raise
+    finally:
+        deadlines.leave(task)
+
+
 async def test_deadlines_turn_only_their_own_cancellation_into_a_timeout() -> None:
     """A call past its deadline is cancelled by the timer and ``expired`` says so; a call
     cancelled from outside is not taken for a timeout; a call in time is left alone."""
     deadlines = Deadlines(0.05)
 
-    async def call(sleep: float) -> str:
-        task, cancelling = deadlines.enter()
-        try:
-            await asyncio.sleep(sleep)
-            return "answered"
-        except asyncio.CancelledError:
-            if deadlines.expired(task, cancelling):
-                return "timed out"
-            raise
-        finally:
-            deadlines.leave(task)
-
-    late, quick, outer = (asyncio.ensure_future(call(s)) for s in (5, 0.001, 5))
+    late, quick, outer = (asyncio.ensure_future(bounded(deadlines, s)) for s in (5, 0.001, 5))
     await asyncio.sleep(0.01)
     outer.cancel()
     assert await late == "timed out"
@@ -200,19 +202,7 @@ async def test_deadlines_keep_an_outer_cancellation_that_meets_the_timeout() -> 
     """Cancelled from outside just as its deadline passes: it stays a cancellation."""
     deadlines = Deadlines(0.02)
 
-    async def call() -> str:
-        task, cancelling = deadlines.enter()
-        try:
-            await asyncio.sleep(5)
-            return "answered"
-        except asyncio.CancelledError:
-            if deadlines.expired(task, cancelling):
-                return "timed out"
-            raise
-        finally:
-            deadlines.leave(task)
-
-    task = asyncio.ensure_future(call())
+    task = asyncio.ensure_future(bounded(deadlines, 5))
     loop = asyncio.get_running_loop()
     loop.call_later(0.02, task.cancel)  # the same instant as the timer
     with pytest.raises(asyncio.CancelledError):
@@ -220,11 +210,11 @@ async def test_deadlines_keep_an_outer_cancellation_that_meets_the_timeout() -> 
     deadlines.close()
 
 
-# -- closing on loop shutdown ---------------------------------------------------------------
+# -- the keeper: closing on loop shutdown ---------------------------------------------------
 
 
 @pytest.mark.parametrize("runner", ["asyncio", "uvloop"])
-def test_on_loop_shutdown_closes_on_the_loop_before_it_closes(runner: str) -> None:
+def test_keeper_closes_on_the_loop_before_it_closes(runner: str) -> None:
     """``asyncio.run`` / ``uvloop.run`` end: the close runs while the loop still runs, once."""
     import uvloop
 
@@ -235,20 +225,50 @@ def test_on_loop_shutdown_closes_on_the_loop_before_it_closes(runner: str) -> No
         closed.append(asyncio.get_running_loop().is_running())
 
     async def main() -> None:
-        on_loop_shutdown(close)
+        Keeper(close)
 
     (asyncio.run if runner == "asyncio" else uvloop.run)(main())
     assert closed == [True]
 
 
-async def test_on_loop_shutdown_closes_early_when_cancelled() -> None:
+async def test_keeper_closes_when_asked_and_only_once() -> None:
     closed: list[int] = []
 
     async def close() -> None:
         closed.append(1)
 
-    keeper = on_loop_shutdown(close)
+    keeper = Keeper(close)
     await asyncio.sleep(0)
-    keeper.cancel()
-    await asyncio.wait([keeper])
+    await keeper.aclose()
+    await keeper.aclose()
+    keeper.close_soon()
+    await asyncio.sleep(0)
     assert closed == [1]
+
+
+def test_keeper_closes_on_its_own_loop_when_asked_from_another() -> None:
+    """``close_soon`` from another thread's loop runs the close on the keeper's loop."""
+    import threading
+
+    closed: list[bool] = []
+    ready = threading.Event()
+    holder: list[Keeper] = []
+
+    async def own() -> None:
+        done = asyncio.Event()
+
+        async def close() -> None:
+            closed.append(asyncio.get_running_loop() is holder[0].loop)
+            done.set()
+
+        holder.append(Keeper(close))
+        ready.set()
+        await done.wait()
+
+    thread = threading.Thread(target=lambda: asyncio.run(own()))
+    thread.start()
+    assert ready.wait(5)
+    asyncio.run(asyncio.sleep(0))  # another loop, in this thread
+    holder[0].close_soon()
+    thread.join(5)
+    assert closed == [True]

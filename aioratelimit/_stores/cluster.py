@@ -45,7 +45,7 @@ from urllib.parse import urlsplit
 from redis import exceptions as redis_errors
 from redis.crc import key_slot
 
-from .._aio import Gate, on_loop_shutdown
+from .._aio import Gate, Keeper
 from .._notify import Notifier
 from .._scripts import Arg, Reply, Script
 from .._urls import Address, parse_hosts
@@ -116,7 +116,7 @@ class ClusterStore:
         self._notifier: Notifier | None = None
         # The loop the node connections, the gate and the lock serve (see _adopt).
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._keeper: asyncio.Task[None] | None = None
+        self._keeper: Keeper | None = None
         self._ready = False
         self._ready_lock: asyncio.Lock | None = None
         self._refresh: asyncio.Task[None] | None = None
@@ -211,18 +211,18 @@ class ClusterStore:
         """Serve the running loop from now on: a fresh gate, lock and discovery, and a
         keeper that closes the node connections when this loop shuts down."""
         old, self._loop = self._keeper, _running_loop()
-        if old is not None and not old.get_loop().is_closed():
-            old.get_loop().call_soon_threadsafe(old.cancel)
+        if old is not None:
+            old.close_soon()  # its loop ended (closed already), or runs elsewhere
         self._gate = Gate(self._gate.size)
         self._ready = False
         self._ready_lock = None
         self._refresh = None
         # A client the application passed in is the application's to close.
-        self._keeper = on_loop_shutdown(self._disconnect) if self._owned else None
+        self._keeper = Keeper(self._disconnect) if self._owned else None
 
     async def _disconnect(self) -> None:
         """Close every node connection (they belong to the loop that is ending)."""
-        if self._keeper is asyncio.current_task():
+        if self._keeper is not None and self._keeper.task is asyncio.current_task():
             self._loop = None  # the next call, on whichever loop, starts afresh
         client = self._cluster
         with contextlib.suppress(Exception):
@@ -292,11 +292,7 @@ class ClusterStore:
             await self._notifier.aclose()
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
-            keeper.cancel()  # it closes the node connections
-            if keeper.get_loop() is _running_loop():
-                await asyncio.wait([keeper])
-            elif not keeper.get_loop().is_closed():
-                keeper.get_loop().call_soon_threadsafe(keeper.cancel)
+            await keeper.aclose()  # it closes the node connections
         elif self._owned:
             await self._disconnect()
 

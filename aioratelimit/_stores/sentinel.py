@@ -14,7 +14,6 @@ import asyncio
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .._notify import Notifier
 from .._urls import parse_hosts
 from .pubsub import DedicatedPubSub
 from .standalone import OnLoop, RedisStore
@@ -30,13 +29,8 @@ class SentinelStore(RedisStore):
         super().__init__(client, make, max_calls=max_calls, timeout=timeout)
         self._sentinel = sentinel
 
-    @property
-    def notifier(self) -> Notifier:
-        """The wake-up subscriber, on a dedicated connection to the current master."""
-        if self._notifier is None:
-            client = self._client
-            self._notifier = Notifier(lambda: DedicatedPubSub(client, retry=False))
-        return self._notifier
+    def _subscriber(self) -> DedicatedPubSub:
+        return DedicatedPubSub(self._client, retry=False)
 
     async def _retire(self, on: OnLoop) -> None:
         try:

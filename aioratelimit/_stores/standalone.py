@@ -8,7 +8,7 @@ EVALSHA, reads one reply; the deadline timer bounds the whole call by ``timeout`
 
 The event-loop contract: a store serves one running event loop at a time. What it opened on
 a loop (connections, the gate's queue, the timer) is closed on that loop when the loop shuts
-down (``_aio.on_loop_shutdown``: asyncio.run, asyncio.Runner, uvloop.run and pytest-asyncio
+down (``_aio.Keeper``: asyncio.run, asyncio.Runner, uvloop.run and pytest-asyncio
 cancel every pending task first) or when the store is closed. A call from another loop
 (the next ``asyncio.run`` of an application or a test suite) starts afresh there.
 
@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from redis import exceptions as redis_errors
 
-from .._aio import Deadlines, Gate, on_loop_shutdown
+from .._aio import Deadlines, Gate, Keeper
 from .._notify import Notifier
 from .._scripts import Arg, Reply, Script
 from .base import TRANSLATED, unavailable
@@ -55,30 +55,57 @@ class OnLoop:
         self.connections = Connections(make)
         self.gate = Gate(size)
         self.deadlines = Deadlines(timeout)
-        self.keeper: asyncio.Task[None] | None = None
+        self.keeper: Keeper | None = None
 
     async def aclose(self) -> None:
         self.deadlines.close()
         await self.connections.aclose()
 
 
-class RedisStore:
-    """Runs scripts by pre-packed EVALSHA on connections of its own, bounded and translated."""
+class _OnClient:
+    """What a store on one redis-py client has: the client, and the backend's wake-up
+    subscriber on a dedicated connection outside the pool."""
 
     publish_command = "PUBLISH"
 
-    __slots__ = ("_client", "_make", "_notifier", "_on", "_size", "_timeout")
+    __slots__ = ("_client", "_notifier")
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._notifier: Notifier | None = None
+
+    @property
+    def client(self) -> Any:
+        return self._client
+
+    @property
+    def notifier(self) -> Notifier:
+        if self._notifier is None:
+            self._notifier = Notifier(self._subscriber)
+        return self._notifier
+
+    def _subscriber(self) -> DedicatedPubSub:
+        return DedicatedPubSub(self._client)
+
+    async def aclose(self) -> None:
+        if self._notifier is not None:
+            await self._notifier.aclose()
+
+
+class RedisStore(_OnClient):
+    """Runs scripts by pre-packed EVALSHA on connections of its own, bounded and translated."""
+
+    __slots__ = ("_make", "_on", "_size", "_timeout")
 
     def __init__(
         self, client: Any, make: Callable[[], Any], *, max_calls: int, timeout: float
     ) -> None:
         #: the redis-py client the connections' settings come from (closed with the store)
-        self._client = client
+        super().__init__(client)
         self._make = make  # a new, unconnected redis.asyncio Connection
         self._size = max_calls
         self._timeout = timeout
         self._on: OnLoop | None = None
-        self._notifier: Notifier | None = None
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         # One coroutine frame between the caller and the exchange: this one. Every layer
@@ -114,11 +141,10 @@ class RedisStore:
     def _adopt(self) -> OnLoop:
         """Serve the running loop from now on (see the module's event-loop contract)."""
         old = self._on
-        if old is not None and old.keeper is not None and not old.loop.is_closed():
-            # Still running elsewhere (another thread's loop): close its part there.
-            old.loop.call_soon_threadsafe(old.keeper.cancel)
+        if old is not None and old.keeper is not None:
+            old.keeper.close_soon()  # its loop ended (closed already), or runs elsewhere
         on = self._on = OnLoop(self._make, self._size, self._timeout)
-        on.keeper = on_loop_shutdown(lambda: self._retire(on))
+        on.keeper = Keeper(lambda: self._retire(on))
         return on
 
     async def _retire(self, on: OnLoop) -> None:
@@ -126,41 +152,18 @@ class RedisStore:
             self._on = None  # the next call on this loop (if any) starts afresh
         await on.aclose()
 
-    @property
-    def client(self) -> Any:
-        return self._client
-
-    @property
-    def notifier(self) -> Notifier:
-        """The backend's one subscriber, on a dedicated connection outside the pool."""
-        if self._notifier is None:
-            client = self._client
-            self._notifier = Notifier(lambda: DedicatedPubSub(client))
-        return self._notifier
-
     async def aclose(self) -> None:
-        if self._notifier is not None:
-            await self._notifier.aclose()
+        await super().aclose()
         on, self._on = self._on, None
         if on is not None and on.keeper is not None:
-            if on.loop is _running_loop():
-                on.keeper.cancel()  # it closes the connections, on this loop
-                await asyncio.wait([on.keeper])
-            elif not on.loop.is_closed():
-                on.loop.call_soon_threadsafe(on.keeper.cancel)
+            await on.keeper.aclose()  # it closes the connections
         await self._client.aclose()
 
 
-class ClientStore:
+class ClientStore(_OnClient):
     """Runs scripts through a client the application passed in (never closed by us)."""
 
-    publish_command = "PUBLISH"
-
-    __slots__ = ("_client", "_notifier")
-
-    def __init__(self, client: ScriptClient) -> None:
-        self._client = client
-        self._notifier: Notifier | None = None
+    __slots__ = ()
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         client = self._client
@@ -173,21 +176,6 @@ class ClientStore:
                 return await client.eval(script.source, len(keys), *keys, *args)
         except TRANSLATED as exc:
             raise unavailable(exc) from exc
-
-    @property
-    def client(self) -> ScriptClient:
-        return self._client
-
-    @property
-    def notifier(self) -> Notifier:
-        if self._notifier is None:
-            client = self._client
-            self._notifier = Notifier(lambda: DedicatedPubSub(client))
-        return self._notifier
-
-    async def aclose(self) -> None:
-        if self._notifier is not None:
-            await self._notifier.aclose()
 
 
 def standalone_store(

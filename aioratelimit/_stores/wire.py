@@ -11,7 +11,7 @@ It reads two attributes of redis-py's connection, ``_reader`` and ``_writer`` (i
 streams: the closed-while-idle check and the write), as redis-py itself does; the version
 is pinned below 9 and tests/test_connections.py pins the behaviour. It never touches the
 private state of an asyncio or uvloop transport: connections of an event loop are closed
-on that loop, when it shuts down (``_aio.on_loop_shutdown``) or when the store closes.
+on that loop, when it shuts down (``_aio.Keeper``) or when the store closes.
 
 Two things redis-py's path does are deliberately not done here:
 
