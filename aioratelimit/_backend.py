@@ -43,7 +43,7 @@ class Backend:
     ``asyncio.Runner``, ``uvloop.run``, pytest-asyncio), and a later loop gets fresh ones.
     """
 
-    __slots__ = ("_heads", "_store", "prefix", "run", "url")
+    __slots__ = ("_store", "heads", "prefix", "run", "url")
 
     #: ``await backend.run(script, keys, args)``: one script, atomically, in one round trip
     #: (the store's own bound method, so a decision pays no extra call layer).
@@ -63,7 +63,10 @@ class Backend:
         self.run = store.run
         self.prefix = _check_prefix(prefix)
         self.url = url
-        self._heads: dict[tuple[str, str | None], str] = {}
+        #: (kind, name) -> the start of that primitive's keys here: the one cache of key
+        #: heads, filled by ``head`` (a hot path may read it first: a dict hit is cheaper
+        #: than the call)
+        self.heads: dict[tuple[str, str | None], str] = {}
 
     @classmethod
     def _of(cls, store: Store, *, prefix: str, url: str) -> Backend:
@@ -135,7 +138,7 @@ class Backend:
     def head(self, kind: str, name: str | None = None) -> str:
         """The constant start of a primitive's keys on this backend (``_keys.head``),
         built once per (kind, name): the one cache of key heads."""
-        heads = self._heads
+        heads = self.heads
         head = heads.get((kind, name))
         if head is None:
             head = heads[kind, name] = _keys.head(self.prefix, kind, name)

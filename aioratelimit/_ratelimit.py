@@ -31,7 +31,7 @@ MAX_BUCKETS = 1000
 class _Limiter:
     """What the three limiters share; a subclass names its script, kind and arguments."""
 
-    __slots__ = ("_args", "_backend", "_max_cost", "_suffixes", "name")
+    __slots__ = ("_args", "_backend", "_head_id", "_max_cost", "_suffixes", "name")
 
     _script: Script
     _kind: str
@@ -43,6 +43,7 @@ class _Limiter:
             check_key(name, "name")
         self._backend = backend
         self.name = name
+        self._head_id = (self._kind, name)  # its key in Backend.heads
         # Set by subclasses: per-key suffixes, the script's constant arguments, and the
         # largest cost that could ever be admitted.
         self._suffixes: tuple[str, ...] = ()
@@ -54,7 +55,7 @@ class _Limiter:
         return self._backend or get_backend()
 
     def _keys(self, backend: Backend, key: str) -> list[str]:
-        head = backend.head(self._kind, self.name)
+        head = backend.heads.get(self._head_id) or backend.head(self._kind, self.name)
         suffixes = self._suffixes
         if len(suffixes) == 1:  # one rate, the common case: no comprehension frame
             return [_keys.tagged(head, key, suffixes[0])]
