@@ -10,6 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from ._backend import Backend, configure, get_backend
 from ._errors import (
     AioRateLimitError,
+    BackendError,
     BackendUnavailable,
     IdempotencyInProgress,
     IdempotencyKeyMismatch,
@@ -35,6 +36,7 @@ except PackageNotFoundError:  # a source tree on sys.path, not installed
 __all__ = [
     "AioRateLimitError",
     "Backend",
+    "BackendError",
     "BackendUnavailable",
     "Decision",
     "FixedWindow",

@@ -10,7 +10,9 @@
     ├── TokenRejected           a one-shot token was not consumed
     ├── IdempotencyInProgress   the first call with this key still runs (.key, .retry_after)
     ├── IdempotencyKeyMismatch  the key was used with another fingerprint (.key)
-    └── BackendUnavailable      Redis unreachable, timed out or failing (cause chained)
+    ├── BackendUnavailable      Redis unreachable or too slow (cause chained)
+    └── BackendError            the server answered with an error that is not an outage
+                                (a permission, a script error, maxmemory; cause chained)
 
 Bad arguments raise the built-in ``ValueError`` / ``TypeError`` before any I/O. One more
 ``ValueError`` carries data: ``ResultTooLarge`` (an ``@idempotent`` result over its cap;
@@ -85,7 +87,13 @@ class IdempotencyKeyMismatch(AioRateLimitError):
 
 
 class BackendUnavailable(AioRateLimitError):
-    """Redis could not be reached or answered with an error; the cause is chained."""
+    """Redis could not be reached or did not answer in time; the cause is chained."""
+
+
+class BackendError(AioRateLimitError):
+    """The server answered with an error that is not an outage: a command the ACL user may
+    not run, a script error, maxmemory reached, a server or test double that cannot run
+    the scripts. The message is the server's, with the fix where it is known."""
 
 
 class ResultTooLarge(ValueError):

@@ -8,7 +8,7 @@ from typing import Protocol
 
 from redis import exceptions as redis_errors
 
-from .._errors import BackendUnavailable
+from .._errors import AioRateLimitError, BackendError, BackendUnavailable
 from .._notify import Notifier
 from .._scripts import Arg, Reply, Script
 
@@ -36,10 +36,12 @@ class Store(Protocol):
     def notifier(self) -> Notifier: ...
 
 
-def unavailable(exc: BaseException) -> BackendUnavailable:
-    """The one translation of a redis-py or socket error (raise it ``from exc``)."""
+def unavailable(exc: BaseException) -> AioRateLimitError:
+    """The one translation of a redis-py or socket error (raise it ``from exc``): an error
+    reply is ``BackendError`` (the server is there and said no), anything else
+    ``BackendUnavailable``."""
     if isinstance(exc, redis_errors.ResponseError):
-        return BackendUnavailable(f"Redis answered with an error: {exc}")
+        return BackendError(f"Redis answered with an error: {exc}")
     if isinstance(exc, (redis_errors.TimeoutError, asyncio.TimeoutError, TimeoutError)):
         return BackendUnavailable(f"Redis did not answer in time: {exc or type(exc).__name__}")
     return BackendUnavailable(f"Redis is unreachable: {exc or type(exc).__name__}")
