@@ -26,6 +26,7 @@ from ._lease import Lease
 from ._lock import Lock, Semaphore, lock, semaphore
 from ._ratelimit import FixedWindow, SlidingWindow, TokenBucket
 from ._rates import Decision, Rate
+from ._scripts import ScriptCall
 from ._tokens import consume_token, consumes_token, issue_token
 
 try:
@@ -50,6 +51,7 @@ __all__ = [
     "Rate",
     "RateLimited",
     "ResultTooLarge",
+    "ScriptCall",
     "Semaphore",
     "SlidingWindow",
     "TokenBucket",

@@ -3,7 +3,6 @@
 - ``finish(aw)``: run a cleanup to its end even if the caller is cancelled meanwhile.
 - ``cancel_requested(base)`` / ``cancels()``: notice a cancellation that never arrived.
 - ``Gate``: at most ``size`` calls in at once, the others queued in arrival order.
-- ``Deadlines``: one timer bounding every call in flight of a store.
 - ``Keeper(close)``: close what a store opened on a loop when that loop shuts down.
 
 Timeouts of a single await use ``asyncio.timeout`` (Python 3.11+), whose semantics are
@@ -15,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from ._errors import BackendUnavailable
 
@@ -108,71 +107,6 @@ class Gate:
                 slot.set_result(None)
                 return
         self.free += 1
-
-
-class Deadlines:
-    """Bounds every call in flight with ONE timer, not one per call.
-
-    ``asyncio.timeout`` arms a timer and enters a context manager per call (8 µs, measured
-    side by side: a quarter of a decision's client CPU at 64 tasks); here a call only
-    records its task and deadline (1.2 µs). When the earliest deadline passes, the timer
-    cancels the overdue tasks; each is then suspended inside its own call (a task is in
-    the table only between its call's first and last await), which turns that cancellation
-    into a timeout (``expired``), while an outer cancellation stays a cancellation.
-    """
-
-    __slots__ = ("_calls", "_expired", "_handle", "_loop", "timeout")
-
-    def __init__(self, timeout: float) -> None:
-        self.timeout = timeout
-        self._calls: dict[asyncio.Task[Any], float] = {}
-        self._expired: set[asyncio.Task[Any]] = set()
-        self._handle: asyncio.TimerHandle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def enter(self) -> tuple[asyncio.Task[Any], int]:
-        """Register the current task's call; returns it and its cancellation count."""
-        task = asyncio.current_task()
-        assert task is not None
-        loop = task.get_loop()
-        deadline = loop.time() + self.timeout
-        self._calls[task] = deadline
-        if self._handle is None or self._loop is not loop:
-            self._loop = loop
-            self._handle = loop.call_at(deadline, self._check, loop)
-        return task, task.cancelling()
-
-    def leave(self, task: asyncio.Task[Any]) -> None:
-        del self._calls[task]
-        self._expired.discard(task)
-
-    def expired(self, task: asyncio.Task[Any], cancelling: int) -> bool:
-        """Was this CancelledError ours, and ours alone? (Then it is a timeout.)"""
-        if task not in self._expired:
-            return False
-        self._expired.discard(task)
-        return task.uncancel() <= cancelling
-
-    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
-        if loop is not self._loop:
-            return  # a timer left on a loop this store no longer runs on
-        self._handle = None
-        now = loop.time()
-        earliest: float | None = None
-        for task, deadline in self._calls.items():
-            if deadline <= now:
-                if task not in self._expired:
-                    self._expired.add(task)
-                    task.cancel()
-            elif earliest is None or deadline < earliest:
-                earliest = deadline
-        if earliest is not None:
-            self._handle = loop.call_at(earliest, self._check, loop)
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
 
 
 class Keeper:

@@ -21,7 +21,9 @@ from ._scripts import Arg, Reply, Script
 from ._stores.base import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_TIMEOUT,
+    OnCall,
     Store,
 )
 from ._urls import check_scheme, redact
@@ -83,20 +85,28 @@ class Backend:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         timeout: float = DEFAULT_TIMEOUT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        on_call: OnCall | None = None,
         **redis_options: Any,
     ) -> Backend:
-        """A backend for ``url``, owning its pool.
+        """A backend for ``url``, owning its connections.
 
-        ``max_connections`` bounds the pool; when every connection is busy a call waits for
-        one. ``timeout`` (seconds) bounds that wait and each reply; ``connect_timeout`` each
-        connection attempt. Past either, the call raises ``BackendUnavailable``. Other
-        keyword arguments go to ``redis.asyncio.ConnectionPool.from_url`` (to ``RedisCluster``
-        for ``redis+cluster://``, to ``Sentinel.master_for`` for ``redis+sentinel://``). On a
-        cluster, ``max_connections`` bounds the calls in flight through the backend, and so
-        the connections to each node.
+        Every call goes over ONE multiplexed connection per server (the calls issued in one
+        event-loop iteration are written together), plus one for wake-ups.
+        ``max_in_flight`` bounds the calls in flight through the backend: past it, a call
+        waits for one to finish. ``timeout`` (seconds) bounds that wait and each reply;
+        ``connect_timeout`` each connection attempt. Past either, the call raises
+        ``BackendUnavailable``. ``max_connections`` bounds the connections redis-py opens
+        for the backend (wake-ups, cluster topology and routing). ``on_call`` is called
+        with a ``ScriptCall`` after every script call (instrumentation: it names the
+        script and the server, never a key). Other keyword arguments are connection
+        settings as redis-py takes them (``ssl_ca_certs``, ``client_name``, ...).
         """
         check_scheme(url)
         check_int(max_connections, "max_connections")
+        check_int(max_in_flight, "max_in_flight")
+        if on_call is not None and not callable(on_call):
+            raise TypeError(f"on_call must be a callable, not {type(on_call).__name__}")
         timeout = check_seconds(timeout, "timeout")
         connect_timeout = check_seconds(connect_timeout, "connect_timeout")
         if url.startswith("memory://"):
@@ -115,6 +125,8 @@ class Backend:
             max_connections=max_connections,
             timeout=timeout,
             connect_timeout=connect_timeout,
+            max_in_flight=max_in_flight,
+            on_call=on_call,
             **redis_options,
         )
         return cls._of(store, prefix=prefix, url=url)

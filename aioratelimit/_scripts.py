@@ -26,6 +26,25 @@ Arg = int | str | bytes
 Reply = Any
 
 
+@dataclass(frozen=True, slots=True)
+class ScriptCall:
+    """One script call as a Redis store made it (one EVALSHA; after NOSCRIPT the EVAL
+    that follows is part of the same call), handed to the backend's ``on_call`` hook once
+    it is over (see ``Backend.from_url``). It names the script, never its keys or
+    arguments: they carry the user's keys, tokens and lock names."""
+
+    #: the script's name (the file in ``lua/``), e.g. ``"fixed_window"``
+    script: str
+    #: the server that answered (or failed to): ``host:port`` or a unix socket's path
+    server: str
+    #: when the call started, nanoseconds since the epoch (``time.time_ns()``)
+    start_ns: int
+    #: how long it took, nanoseconds
+    duration_ns: int
+    #: what it raised (``BackendUnavailable``, ``BackendError``, a cancellation), or None
+    error: BaseException | None
+
+
 def _lua_dir() -> Path:
     here = Path(__file__).resolve().parent
     # Installed wheel: aioratelimit/lua. Source checkout or editable install: ../lua.

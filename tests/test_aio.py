@@ -1,5 +1,5 @@
 """The asyncio building blocks of ``aioratelimit._aio``, each on its own: ``finish``,
-``cancel_requested``, ``Gate``, ``Deadlines`` and ``Keeper``."""
+``cancel_requested``, ``Gate`` and ``Keeper``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import random
 import pytest
 
 import aioratelimit as arl
-from aioratelimit._aio import Deadlines, Gate, Keeper, cancel_requested, cancels, finish
+from aioratelimit._aio import Gate, Keeper, cancel_requested, cancels, finish
 
 # -- finish ---------------------------------------------------------------------------------
 
@@ -164,50 +164,6 @@ async def test_a_slot_handed_to_a_cancelled_waiter_goes_to_the_next() -> None:
         await second  # the slot went on to `second`
     gate.leave()
     assert gate.free == 1
-
-
-# -- the deadline timer ---------------------------------------------------------------------
-
-
-async def bounded(deadlines: Deadlines, sleep: float) -> str:
-    """A call as a store makes it under the timer: "answered", "timed out", or cancelled."""
-    task, cancelling = deadlines.enter()
-    try:
-        await asyncio.sleep(sleep)
-        return "answered"
-    except asyncio.CancelledError:
-        if deadlines.expired(task, cancelling):
-            return "timed out"
-        raise
-    finally:
-        deadlines.leave(task)
-
-
-async def test_deadlines_turn_only_their_own_cancellation_into_a_timeout() -> None:
-    """A call past its deadline is cancelled by the timer and ``expired`` says so; a call
-    cancelled from outside is not taken for a timeout; a call in time is left alone."""
-    deadlines = Deadlines(0.05)
-
-    late, quick, outer = (asyncio.ensure_future(bounded(deadlines, s)) for s in (5, 0.001, 5))
-    await asyncio.sleep(0.01)
-    outer.cancel()
-    assert await late == "timed out"
-    assert await quick == "answered"
-    with pytest.raises(asyncio.CancelledError):
-        await outer
-    deadlines.close()
-
-
-async def test_deadlines_keep_an_outer_cancellation_that_meets_the_timeout() -> None:
-    """Cancelled from outside just as its deadline passes: it stays a cancellation."""
-    deadlines = Deadlines(0.02)
-
-    task = asyncio.ensure_future(bounded(deadlines, 5))
-    loop = asyncio.get_running_loop()
-    loop.call_later(0.02, task.cancel)  # the same instant as the timer
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    deadlines.close()
 
 
 # -- the keeper: closing on loop shutdown ---------------------------------------------------

@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
+import hiredis
 from redis import exceptions as redis_errors
 
 from .._errors import AioRateLimitError, BackendError, BackendUnavailable
 from .._notify import Notifier
-from .._scripts import Arg, Reply, Script
+from .._scripts import Arg, Reply, Script, ScriptCall
+
+#: Observes every script call of a Redis store once it is over (``from_url(on_call=)``).
+OnCall = Callable[[ScriptCall], None]
 
 #: Defaults of what ``Backend.from_url`` builds.
 DEFAULT_MAX_CONNECTIONS = 64
+DEFAULT_MAX_IN_FLIGHT = 1024
 DEFAULT_TIMEOUT = 5.0
 DEFAULT_CONNECT_TIMEOUT = 2.0
 
-#: What a store's call may raise that ``unavailable`` translates.
-TRANSLATED = (redis_errors.RedisError, OSError, asyncio.TimeoutError)
+#: What a store's call may raise that ``translate`` translates.
+TRANSLATED = (redis_errors.RedisError, OSError, TimeoutError, hiredis.ReplyError)
 
 
 class Store(Protocol):
@@ -28,7 +32,9 @@ class Store(Protocol):
     #: (shard-local, heard by the notifier), else ``"PUBLISH"``.
     publish_command: str
 
-    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply: ...
+    @property
+    def run(self) -> Callable[[Script, Sequence[str], Sequence[Arg]], Awaitable[Reply]]:
+        """``await store.run(script, keys, args)``: one script, atomically."""
 
     async def aclose(self) -> None: ...
 
@@ -36,12 +42,22 @@ class Store(Protocol):
     def notifier(self) -> Notifier: ...
 
 
-def unavailable(exc: BaseException) -> AioRateLimitError:
-    """The one translation of a redis-py or socket error (raise it ``from exc``): an error
-    reply is ``BackendError`` (the server is there and said no), anything else
-    ``BackendUnavailable``."""
-    if isinstance(exc, redis_errors.ResponseError):
-        return BackendError(f"Redis answered with an error: {exc}")
-    if isinstance(exc, (redis_errors.TimeoutError, asyncio.TimeoutError, TimeoutError)):
+#: Error replies that mean "not now" (a failover, a restart, a busy server), not "no".
+_TRANSIENT = ("READONLY", "LOADING", "MASTERDOWN", "BUSY", "CLUSTERDOWN", "TRYAGAIN")
+
+
+def translate(exc: BaseException) -> AioRateLimitError:
+    """The one translation of what a call to Redis raised (raise it ``from exc``).
+
+    An error reply is ``BackendError`` (the server is there and said no: a permission, a
+    script error, maxmemory), except the replies that only mean "not now", which are
+    ``BackendUnavailable`` like a connection that broke or a reply that never came.
+    """
+    if isinstance(exc, (redis_errors.ResponseError, hiredis.ReplyError)):
+        message = str(exc)
+        if message.startswith(_TRANSIENT):
+            return BackendUnavailable(f"Redis cannot answer now: {message}")
+        return BackendError(f"Redis answered with an error: {message}")
+    if isinstance(exc, (redis_errors.TimeoutError, TimeoutError)):
         return BackendUnavailable(f"Redis did not answer in time: {exc or type(exc).__name__}")
     return BackendUnavailable(f"Redis is unreachable: {exc or type(exc).__name__}")

@@ -47,11 +47,12 @@ from redis.crc import key_slot
 
 from .._aio import Gate, Keeper
 from .._notify import Notifier
-from .._scripts import Arg, Reply, Script
+from .._scripts import Arg, Reply, Script, ScriptCall
 from .._urls import Address, parse_hosts
-from .base import unavailable
+from .base import DEFAULT_CONNECT_TIMEOUT, OnCall, translate
 from .cluster_pubsub import ShardedPubSub
-from .wire import exchange
+from .endpoint import Endpoint, endpoint
+from .wire import Link, ReplyError, pack, pack_command
 
 log = logging.getLogger("aioratelimit")
 
@@ -63,7 +64,14 @@ SUSPECT_FOR = 5.0
 
 
 def cluster_store(
-    url: str, *, max_connections: int, timeout: float, connect_timeout: float, **options: Any
+    url: str,
+    *,
+    max_connections: int,
+    timeout: float,
+    connect_timeout: float,
+    max_in_flight: int,
+    on_call: OnCall | None = None,
+    **options: Any,
 ) -> ClusterStore:
     """The store for a ``redis+cluster://host:port[,host:port...]`` URL (it owns its client)."""
     from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -72,6 +80,7 @@ def cluster_store(
     if parts.path not in ("", "/") or parts.query or parts.fragment:
         raise ValueError("a redis+cluster:// URL is only hosts: redis+cluster://host:port,...")
     hosts, username, password = parse_hosts(parts.netloc, 6379)
+    nodes = endpoint(None, {"username": username, "password": password, **options})
     # On MOVED, patch the one slot: a full rediscovery would close connections that other
     # calls are using (and redis-py would retry their scripts: a hit counted twice).
     options.setdefault("reinitialize_steps", 0)
@@ -84,7 +93,15 @@ def cluster_store(
         socket_connect_timeout=connect_timeout,
         **options,
     )
-    return ClusterStore(client, owned=True, max_calls=max_connections, timeout=timeout)
+    return ClusterStore(
+        client,
+        owned=True,
+        max_calls=max_in_flight,
+        timeout=timeout,
+        connect_timeout=connect_timeout,
+        nodes=nodes,
+        on_call=on_call,
+    )
 
 
 class ClusterStore:
@@ -92,11 +109,15 @@ class ClusterStore:
 
     __slots__ = (
         "_cluster",
+        "_connect_timeout",
         "_gate",
         "_hints",
         "_keeper",
+        "_links",
         "_loop",
+        "_nodes",
         "_notifier",
+        "_on_call",
         "_owned",
         "_ready",
         "_ready_lock",
@@ -108,10 +129,26 @@ class ClusterStore:
     #: Scripts publish wake-ups with this command: shard-local on a cluster.
     publish_command = "SPUBLISH"
 
-    def __init__(self, client: Any, *, owned: bool, max_calls: int, timeout: float) -> None:
+    def __init__(
+        self,
+        client: Any,
+        *,
+        owned: bool,
+        max_calls: int,
+        timeout: float,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        nodes: Endpoint | None = None,
+        on_call: OnCall | None = None,
+    ) -> None:
         self._cluster: Any = client  # a redis.asyncio.RedisCluster
         self._owned = owned
         self._timeout = timeout
+        self._connect_timeout = connect_timeout
+        # The settings of a connection to any node (credentials, TLS); None: a client
+        # passed in, whose own routing runs every call.
+        self._nodes = nodes
+        self._links: dict[Address, Link] = {}
+        self._on_call = on_call
         self._gate = Gate(max_calls)
         self._notifier: Notifier | None = None
         # The loop the node connections, the gate and the lock serve (see _adopt).
@@ -125,6 +162,22 @@ class ClusterStore:
         self._suspects: dict[Address, float] = {}
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+        if self._on_call is None:
+            return await self._call(script, keys, args)
+        start, began = time.time_ns(), time.perf_counter_ns()
+        error: BaseException | None = None
+        try:
+            return await self._call(script, keys, args)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            node = self._cluster.get_node_from_key(keys[0]) if self._ready else None
+            server = f"{node.host}:{node.port}" if node is not None else "cluster"
+            took = time.perf_counter_ns() - began
+            self._on_call(ScriptCall(script.name, server, start, took, error))
+
+    async def _call(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         if self._loop is not _running_loop():
             self._adopt()
         gate = self._gate
@@ -135,32 +188,69 @@ class ClusterStore:
         try:
             if not self._ready:
                 await self.ready()
+            if self._nodes is None:
+                return await self._routed(script, keys, args)
+            node = self._cluster.get_node_from_key(keys[0])
+            link = self._link(node.host, int(node.port))
             try:
-                node = self._cluster.get_node_from_key(keys[0])
-                return await _on_node(node, script, keys, args)
-            except (redis_errors.TimeoutError, redis_errors.ClusterDownError):
-                # The node is slow or frozen, or the cluster is failing over. No retry here:
-                # the script may have run (a retry could count a hit twice). The slot map
-                # is refreshed in the background, so calls find the promoted master.
+                wire = link.open or await link.wire()
+            except (OSError, TimeoutError):
+                # Nothing was sent: redis-py's routing finds the node's successor.
+                self._rediscover()
+                return await self._routed(script, keys, args)
+            try:
+                reply = await wire.send(pack(script.evalsha_head, keys, args))
+            except (OSError, TimeoutError):
+                # Sent, and no reply: the script may have run, so no retry. The slot map
+                # is refreshed in the background, so calls find a promoted master.
                 self._rediscover()
                 raise
-            except redis_errors.AskError as exc:
-                if isinstance(exc, redis_errors.MovedError):
-                    return await self._routed(script, keys, args)
-                return await self._asking(exc, script, keys, args)
-            except (redis_errors.RedisError, redis_errors.RedisClusterException, OSError) as exc:
-                if isinstance(exc, redis_errors.ResponseError) and not isinstance(
-                    exc, redis_errors.TryAgainError
-                ):
-                    raise  # the script itself failed: the same call would fail again
-                # MOVED, a connection refused or reset, TRYAGAIN, a slot not in the map:
-                # redis-py's own routing repairs its slot map and retries, within `timeout`.
-                return await self._routed(script, keys, args)
+            if type(reply) is ReplyError:
+                return await self._answered(link, script, keys, args, reply)
+            return reply
         except Exception as exc:
             # Also RedisClusterException and redis-py internals: none may escape untranslated.
-            raise unavailable(exc) from exc
+            raise translate(exc) from exc
         finally:
             gate.leave()
+
+    async def _answered(
+        self, link: Link, script: Script, keys: Sequence[str], args: Sequence[Arg], error: Any
+    ) -> Reply:
+        """An error reply, one kind at a time. NOSCRIPT: EVAL on the same node. MOVED and
+        TRYAGAIN (the node did not run it): redis-py's routing, which repairs its slot map
+        and retries. ASK (a slot migrating): ASKING and the script on the importing node.
+        CLUSTERDOWN and READONLY (a failover): no retry, the map refreshed in the
+        background. Anything else is the script's own error."""
+        message = str(error)
+        kind = message.split(" ", 1)[0]
+        if kind == "NOSCRIPT":
+            wire = link.open or await link.wire()
+            reply = await wire.send(pack(script.eval_head, keys, args))
+            if type(reply) is not ReplyError:
+                return reply
+            error, kind = reply, str(reply).split(" ", 1)[0]
+        if kind in ("MOVED", "TRYAGAIN"):
+            return await self._routed(script, keys, args)
+        if kind == "ASK":
+            host, _, port = message.split(" ")[2].rpartition(":")
+            return await self._asking(host, int(port), script, keys, args)
+        if kind in ("CLUSTERDOWN", "READONLY"):
+            if kind == "READONLY":
+                link.drop(error)
+            self._rediscover()
+        raise error
+
+    def _link(self, host: str, port: int) -> Link:
+        link = self._links.get((host, port))
+        if link is None:
+            assert self._nodes is not None
+            link = self._links[host, port] = Link(
+                self._nodes.at(host, port),
+                timeout=self._timeout,
+                connect_timeout=self._connect_timeout,
+            )
+        return link
 
     async def _routed(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         """The call through ``RedisCluster`` itself: slower, but it follows MOVED, rediscovers
@@ -190,20 +280,22 @@ class ClusterStore:
             log.debug("aioratelimit: cluster rediscovery failed: %r", exc)
 
     async def _asking(
-        self, ask: redis_errors.AskError, script: Script, keys: Sequence[str], args: Sequence[Arg]
+        self, host: str, port: int, script: Script, keys: Sequence[str], args: Sequence[Arg]
     ) -> Reply:
-        """The slot is migrating and the keys are already on the importing node: send ASKING
-        and the script there on ONE connection (ASKING holds for that connection's next
-        command only; redis-py sends the two on whichever connections its pool hands out)."""
-        target = self._cluster.get_node(host=ask.host, port=int(ask.port))
-        if target is None:
-            return await self._routed(script, keys, args)
-        reply = await _asking_on(target, "EVALSHA", script.sha, keys, args)
-        if isinstance(reply, redis_errors.NoScriptError):
-            reply = await _asking_on(target, "EVAL", script.source, keys, args)
-        if isinstance(reply, redis_errors.AskError):  # the migration moved on meanwhile
-            return await self._routed(script, keys, args)
-        if isinstance(reply, BaseException):
+        """The slot is migrating and the keys are already on the importing node: ASKING and
+        the script there, back to back on one connection (ASKING holds for that
+        connection's next command only; nothing can come between two writes of one
+        iteration)."""
+        wire = await self._link(host, port).wire()
+        for head in (script.evalsha_head, script.eval_head):
+            asking = wire.send(pack_command("ASKING"))
+            reply = await wire.send(pack(head, keys, args))
+            await asking
+            if type(reply) is not ReplyError or not str(reply).startswith("NOSCRIPT"):
+                break
+        if type(reply) is ReplyError:
+            if str(reply).startswith(("ASK", "MOVED")):  # the migration moved on meanwhile
+                return await self._routed(script, keys, args)
             raise reply
         return reply
 
@@ -214,6 +306,7 @@ class ClusterStore:
         if old is not None:
             old.close_soon()  # its loop ended (closed already), or runs elsewhere
         self._gate = Gate(self._gate.size)
+        self._links = {}
         self._ready = False
         self._ready_lock = None
         self._refresh = None
@@ -224,6 +317,9 @@ class ClusterStore:
         """Close every node connection (they belong to the loop that is ending)."""
         if self._keeper is not None and self._keeper.task is asyncio.current_task():
             self._loop = None  # the next call, on whichever loop, starts afresh
+        links, self._links = self._links, {}
+        for link in links.values():
+            link.close()
         client = self._cluster
         with contextlib.suppress(Exception):
             await client.aclose()
@@ -295,31 +391,3 @@ class ClusterStore:
             await keeper.aclose()  # it closes the node connections
         elif self._owned:
             await self._disconnect()
-
-
-async def _on_node(node: Any, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
-    """EVALSHA on one connection of the node the slot map names (NOSCRIPT: EVAL on it),
-    written pre-packed (``_connections.exchange``) rather than by ``node.execute_command``.
-    The store's gate keeps the calls in flight within the node's connection limit."""
-    conn = node.acquire_connection()
-    try:
-        return await exchange(conn, script, keys, args)
-    finally:
-        node.release(conn)
-
-
-async def _asking_on(
-    node: Any, command: str, body: str, keys: Sequence[str], args: Sequence[Arg]
-) -> Any:
-    """``ASKING`` then one script command, pipelined on one connection of ``node``; the
-    script's reply, or the exception it answered with."""
-    from redis.asyncio.cluster import PipelineCommand
-
-    commands = [
-        PipelineCommand(0, "ASKING"),
-        PipelineCommand(1, command, body, len(keys), *keys, *args),
-    ]
-    await node.execute_pipeline(commands)
-    if isinstance(commands[0].result, BaseException):
-        return commands[0].result
-    return commands[1].result

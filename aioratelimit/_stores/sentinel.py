@@ -1,11 +1,11 @@
 """Redis Sentinel: a store on whichever server the sentinels name as the master.
 
 ``redis+sentinel://host:port[,host:port...]/service_name`` lists the sentinels. Scripts run
-on connections of redis-py's Sentinel-managed class (``RedisStore``, one pre-packed EVALSHA
-each, never resent): every new connection asks the sentinels for the current master, and
-one that finds its server demoted (READONLY) drops itself, so after a failover the same
-backend reaches the promoted replica. The wake-up subscriber follows the master the same
-way (its connection class is the Sentinel-managed one, without redis-py's silent retry).
+on the store's own multiplexed connection (``RedisStore``, never resent); every new
+connection first asks the sentinels for the current master, and a connection whose server
+answers READONLY (demoted) or breaks is dropped, so after a failover the same backend
+reaches the promoted replica. The wake-up subscriber follows the master through redis-py's
+Sentinel-managed connection class, without redis-py's silent retry.
 """
 
 from __future__ import annotations
@@ -15,18 +15,19 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .._urls import parse_hosts
+from .base import OnCall
+from .endpoint import Endpoint, endpoint
 from .pubsub import DedicatedPubSub
 from .standalone import OnLoop, RedisStore
 
 
 class SentinelStore(RedisStore):
-    """A ``RedisStore`` on a Sentinel master client, also closing the sentinel connections."""
+    """A ``RedisStore`` on the master the sentinels name, asked anew at every connect."""
 
     __slots__ = ("_sentinel",)
 
-    def __init__(self, client: Any, sentinel: Any, *, max_calls: int, timeout: float) -> None:
-        make = client.connection_pool.make_connection
-        super().__init__(client, make, max_calls=max_calls, timeout=timeout)
+    def __init__(self, client: Any, sentinel: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
         self._sentinel = sentinel
 
     def _subscriber(self) -> DedicatedPubSub:
@@ -68,7 +69,14 @@ def _serialized_sentinel(hosts: list[tuple[str, int]], **kwargs: Any) -> Any:
 
 
 def sentinel_store(
-    url: str, *, max_connections: int, timeout: float, connect_timeout: float, **options: Any
+    url: str,
+    *,
+    max_connections: int,
+    timeout: float,
+    connect_timeout: float,
+    max_in_flight: int,
+    on_call: OnCall | None = None,
+    **options: Any,
 ) -> SentinelStore:
     """The store for ``redis+sentinel://host:port[,host:port...]/service_name``."""
     parts = urlsplit(url)
@@ -80,12 +88,13 @@ def sentinel_store(
         )
     hosts, username, password = parse_hosts(parts.netloc, 26379)
     # Credentials in the URL are the master's; the sentinels get the same timeouts only.
+    master = endpoint(None, {"username": username, "password": password, **options})
     sentinel = _serialized_sentinel(
         hosts,
         sentinel_kwargs={"socket_timeout": timeout, "socket_connect_timeout": connect_timeout},
     )
-    # No socket timeout on the master's connections: the store's deadline timer bounds
-    # every call by `timeout`, as on a standalone server.
+    # redis-py's master client serves the wake-up subscriber (its connections ask the
+    # sentinels for the master too); scripts go over the store's own connection.
     client = sentinel.master_for(
         service,
         username=username,
@@ -95,4 +104,18 @@ def sentinel_store(
         socket_connect_timeout=connect_timeout,
         **options,
     )
-    return SentinelStore(client, sentinel, max_calls=max_connections, timeout=timeout)
+
+    async def resolve() -> Endpoint:
+        host, port = await sentinel.discover_master(service)
+        return master.at(str(host), int(port))
+
+    return SentinelStore(
+        client,
+        sentinel,
+        endpoint=master,
+        max_in_flight=max_in_flight,
+        timeout=timeout,
+        connect_timeout=connect_timeout,
+        on_call=on_call,
+        resolve=resolve,
+    )

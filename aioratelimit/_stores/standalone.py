@@ -1,16 +1,17 @@
 """One Redis server: the store ``Backend.from_url`` builds for ``redis://``, ``rediss://`` and
-``unix://`` (and, with a Sentinel-managed connection class, for ``redis+sentinel://``), and
-the store for a client the application passes in.
+``unix://`` (and, with the master named by the sentinels, for ``redis+sentinel://``), and the
+store for a client the application passes in.
 
-``RedisStore`` runs each script on connections of its own (``wire``): a call waits at the
-gate for one of ``max_connections`` slots, checks out a connection, writes one pre-packed
-EVALSHA, reads one reply; the deadline timer bounds the whole call by ``timeout``.
+``RedisStore`` runs each script on one multiplexed connection of its own (``wire.Link``): a
+call takes one of ``max_in_flight`` slots at the gate (waiting at most ``timeout`` when all
+are taken), writes one pre-packed EVALSHA into the iteration's batch, and awaits its reply;
+the wire bounds the reply by ``timeout``. On NOSCRIPT it sends EVAL for that call alone.
 
 The event-loop contract: a store serves one running event loop at a time. What it opened on
-a loop (connections, the gate's queue, the timer) is closed on that loop when the loop shuts
-down (``_aio.Keeper``: asyncio.run, asyncio.Runner, uvloop.run and pytest-asyncio
-cancel every pending task first) or when the store is closed. A call from another loop
-(the next ``asyncio.run`` of an application or a test suite) starts afresh there.
+a loop (the connection, the gate's queue) is closed on that loop when the loop shuts down
+(``_aio.Keeper``: asyncio.run, asyncio.Runner, uvloop.run and pytest-asyncio cancel every
+pending task first) or when the store is closed. A call from another loop (the next
+``asyncio.run`` of an application or a test suite) starts afresh there.
 
 ``ClientStore`` runs scripts through the client's own ``evalsha``/``eval``: that client's
 pool, timeouts and event-loop rules are the application's.
@@ -19,18 +20,19 @@ pool, timeouts and event-loop rules are the application's.
 from __future__ import annotations
 
 import asyncio
-import inspect
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from redis import exceptions as redis_errors
 
-from .._aio import Deadlines, Gate, Keeper
+from .._aio import Gate, Keeper
 from .._notify import Notifier
-from .._scripts import Arg, Reply, Script
-from .base import TRANSLATED, unavailable
+from .._scripts import Arg, Reply, Script, ScriptCall
+from .base import TRANSLATED, OnCall, translate
+from .endpoint import Endpoint, endpoint
 from .pubsub import DedicatedPubSub
-from .wire import Connections, exchange
+from .wire import Link, ReplyError, pack
 
 _running_loop = asyncio.get_running_loop
 
@@ -43,23 +45,6 @@ class ScriptClient(Protocol):
     def eval(self, script: str, numkeys: int, *keys_and_args: Any) -> Awaitable[Any]: ...
 
     def aclose(self) -> Awaitable[None]: ...
-
-
-class OnLoop:
-    """What a store opened on one event loop."""
-
-    __slots__ = ("connections", "deadlines", "gate", "keeper", "loop")
-
-    def __init__(self, make: Callable[[], Any], size: int, timeout: float) -> None:
-        self.loop = _running_loop()
-        self.connections = Connections(make)
-        self.gate = Gate(size)
-        self.deadlines = Deadlines(timeout)
-        self.keeper: Keeper | None = None
-
-    async def aclose(self) -> None:
-        self.deadlines.close()
-        await self.connections.aclose()
 
 
 class _OnClient:
@@ -92,24 +77,59 @@ class _OnClient:
             await self._notifier.aclose()
 
 
-class RedisStore(_OnClient):
-    """Runs scripts by pre-packed EVALSHA on connections of its own, bounded and translated."""
+class OnLoop:
+    """What a store opened on one event loop: its connection and its gate."""
 
-    __slots__ = ("_make", "_on", "_size", "_timeout")
+    __slots__ = ("gate", "keeper", "link", "loop")
+
+    def __init__(self, link: Link, size: int) -> None:
+        self.loop = _running_loop()
+        self.link = link
+        self.gate = Gate(size)
+        self.keeper: Keeper | None = None
+
+
+class RedisStore(_OnClient):
+    """Runs scripts by pre-packed EVALSHA on a multiplexed connection of its own."""
+
+    __slots__ = (
+        "_connect_timeout",
+        "_on",
+        "_on_call",
+        "_resolve",
+        "_size",
+        "_timeout",
+        "endpoint",
+        "run",
+    )
+
+    #: ``await store.run(script, keys, args)``: ``_call``, or ``_observed`` with a hook
+    #: (chosen once: a store without a hook pays nothing for it).
+    run: Callable[[Script, Sequence[str], Sequence[Arg]], Awaitable[Reply]]
 
     def __init__(
-        self, client: Any, make: Callable[[], Any], *, max_calls: int, timeout: float
+        self,
+        client: Any,
+        endpoint: Endpoint,
+        *,
+        max_in_flight: int,
+        timeout: float,
+        connect_timeout: float,
+        on_call: OnCall | None = None,
+        resolve: Callable[[], Awaitable[Endpoint]] | None = None,
     ) -> None:
-        #: the redis-py client the connections' settings come from (closed with the store)
+        #: the redis-py client the wake-up subscriber connects with (closed with the store)
         super().__init__(client)
-        self._make = make  # a new, unconnected redis.asyncio Connection
-        self._size = max_calls
+        self.endpoint = endpoint
+        self._resolve = resolve  # where the server is, asked anew at each connect (Sentinel)
+        self._size = max_in_flight
         self._timeout = timeout
+        self._connect_timeout = connect_timeout
+        self._on_call = on_call
         self._on: OnLoop | None = None
+        self.run = self._call if on_call is None else self._observed
 
-    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
-        # One coroutine frame between the caller and the exchange: this one. Every layer
-        # here (gate, deadline, connection) is a plain call, not an awaited helper.
+    async def _call(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         on = self._on
         if on is None or on.loop is not _running_loop():
             on = self._adopt()
@@ -118,45 +138,76 @@ class RedisStore(_OnClient):
             gate.free -= 1
         else:
             await gate.wait(self._timeout)
-        deadlines = on.deadlines
-        task, cancelling = deadlines.enter()
         try:
-            conns = on.connections
-            conn = conns.take()
-            try:
-                return await exchange(conn, script, keys, args)
-            finally:
-                conns.give(conn)
-        except asyncio.CancelledError:
-            if deadlines.expired(task, cancelling):
-                late = TimeoutError(f"no reply within {deadlines.timeout} s")
-                raise unavailable(late) from late
-            raise
+            wire = on.link.open or await on.link.wire()
+            reply = await wire.send(pack(script.evalsha_head, keys, args))
+            if type(reply) is ReplyError:
+                reply = await self._answered(on, script, keys, args, reply)
+            return reply
         except TRANSLATED as exc:
-            raise unavailable(exc) from exc
+            raise translate(exc) from exc
         finally:
-            deadlines.leave(task)
             gate.leave()
+
+    async def _answered(
+        self, on: OnLoop, script: Script, keys: Sequence[str], args: Sequence[Arg], error: Any
+    ) -> Reply:
+        """An error reply: NOSCRIPT (after SCRIPT FLUSH, a restart or a failover) is answered
+        by EVAL of this call alone, which also caches the script; READONLY (the server was
+        demoted) drops the connection so the next call finds the master; anything else is
+        raised."""
+        message = str(error)
+        if message.startswith("NOSCRIPT"):
+            wire = on.link.open or await on.link.wire()
+            reply = await wire.send(pack(script.eval_head, keys, args))
+            if type(reply) is not ReplyError:
+                return reply
+            error = reply
+        elif message.startswith("READONLY"):
+            on.link.drop(error)
+        raise error
+
+    async def _observed(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+        """``run``, reported to the ``on_call`` hook once it is over."""
+        start, began = time.time_ns(), time.perf_counter_ns()
+        error: BaseException | None = None
+        try:
+            return await self._call(script, keys, args)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            on, on_call = self._on, self._on_call
+            assert on_call is not None
+            server = (on.link if on is not None else self).endpoint.address
+            took = time.perf_counter_ns() - began
+            on_call(ScriptCall(script.name, server, start, took, error))
 
     def _adopt(self) -> OnLoop:
         """Serve the running loop from now on (see the module's event-loop contract)."""
         old = self._on
         if old is not None and old.keeper is not None:
             old.keeper.close_soon()  # its loop ended (closed already), or runs elsewhere
-        on = self._on = OnLoop(self._make, self._size, self._timeout)
+        link = Link(
+            self.endpoint,
+            timeout=self._timeout,
+            connect_timeout=self._connect_timeout,
+            resolve=self._resolve,
+        )
+        on = self._on = OnLoop(link, self._size)
         on.keeper = Keeper(lambda: self._retire(on))
         return on
 
     async def _retire(self, on: OnLoop) -> None:
         if self._on is on:
             self._on = None  # the next call on this loop (if any) starts afresh
-        await on.aclose()
+        on.link.close()
 
     async def aclose(self) -> None:
         await super().aclose()
         on, self._on = self._on, None
         if on is not None and on.keeper is not None:
-            await on.keeper.aclose()  # it closes the connections
+            await on.keeper.aclose()  # it closes the connection
         await self._client.aclose()
 
 
@@ -175,42 +226,40 @@ class ClientStore(_OnClient):
                 # again on the server, inside the same call.
                 return await client.eval(script.source, len(keys), *keys, *args)
         except TRANSLATED as exc:
-            raise unavailable(exc) from exc
+            raise translate(exc) from exc
 
 
 def standalone_store(
-    url: str, *, max_connections: int, timeout: float, connect_timeout: float, **options: Any
+    url: str,
+    *,
+    max_connections: int,
+    timeout: float,
+    connect_timeout: float,
+    max_in_flight: int,
+    on_call: OnCall | None = None,
+    **options: Any,
 ) -> RedisStore:
     """The store for a ``redis://``, ``rediss://`` or ``unix://`` URL (it owns its client).
 
-    Connections have no socket timeout of their own: the store's deadline timer bounds
-    each call (send and reply) by ``timeout``; ``connect_timeout`` bounds each connect.
+    Scripts go over one connection of the store's own (``max_connections`` only bounds
+    it); the wake-up subscriber uses a redis-py client with the same settings.
     """
     import redis.asyncio as aredis
 
+    where = endpoint(url, options)  # checks the options before anything connects
     pool = aredis.ConnectionPool.from_url(
         url,
         max_connections=max_connections,
         socket_timeout=None,
         socket_connect_timeout=connect_timeout,
-        **reconnecting(aredis.ConnectionPool, options),
+        **options,
     )
     client = aredis.Redis.from_pool(pool)  # owns the pool: aclose disconnects it
-    return RedisStore(client, pool.make_connection, max_calls=max_connections, timeout=timeout)
-
-
-def reconnecting(pool_class: type, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` with redis-py's maintenance notifications off unless asked for.
-
-    redis-py 8 turns them on ("auto") for every RESP3 pool, and such a pool skips its check
-    of a pooled connection on checkout, so after a server restart the first call on each
-    stale connection fails with "Connection closed by server" instead of reconnecting
-    (the regression redis/redis-py#4260 fixes). Off, the pool reconnects on checkout again.
-    """
-    if "maint_notifications_config" in options:
-        return options
-    if "maint_notifications_config" not in inspect.signature(pool_class).parameters:
-        return options  # a redis-py without them: nothing to turn off
-    from redis.maint_notifications import MaintNotificationsConfig
-
-    return {**options, "maint_notifications_config": MaintNotificationsConfig(enabled=False)}
+    return RedisStore(
+        client,
+        where,
+        max_in_flight=max_in_flight,
+        timeout=timeout,
+        connect_timeout=connect_timeout,
+        on_call=on_call,
+    )

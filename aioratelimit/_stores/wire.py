@@ -1,37 +1,43 @@
-"""The wire path: the connections a store built by ``Backend.from_url`` runs its scripts on.
+"""The wire: one multiplexed, auto-pipelined connection to one Redis server.
 
-A call checks out one redis-py ``Connection``, writes one pre-packed EVALSHA, reads one
-reply and checks the connection back in: nothing else. ``redis.asyncio.Redis.execute_command``
-wraps every command in a pool lock, a retry loop, observability hooks and response callbacks,
-which costs more client time than the whole round trip to a local server does; this path
-keeps what the scripts need (redis-py's connection: connect, AUTH, SELECT, TLS, unix sockets,
-the hiredis reply parser and its error classes) and drops the rest.
+Every caller's script goes out on the same socket. The first command of an event-loop
+iteration is written at once (a lone caller waits for nobody); the commands issued during
+the rest of that iteration are joined and written together when it ends, so 64 concurrent
+callers cost a couple of ``send`` calls, not 64. Replies come back in order and are matched
+to their callers by a FIFO of futures; hiredis parses them straight from the socket's data.
 
-It reads two attributes of redis-py's connection, ``_reader`` and ``_writer`` (its asyncio
-streams: the closed-while-idle check and the write), as redis-py itself does; the version
-is pinned below 9 and tests/test_connections.py pins the behaviour. It never touches the
-private state of an asyncio or uvloop transport: connections of an event loop are closed
-on that loop, when it shuts down (``_aio.Keeper``) or when the store closes.
+What a caller may rely on:
 
-Two things redis-py's path does are deliberately not done here:
+- **Never a resend.** A command is written once. If its reply is lost (the connection
+  breaks, or no reply comes within ``timeout``), its caller gets an error, never a second
+  copy of its script: a script may have run with only its reply lost.
+- **Each caller its own reply or its own error.** An error reply (``hiredis.ReplyError``)
+  is that caller's value; the others' replies are untouched.
+- **A cancelled caller costs nothing shared.** Its reply is read and dropped; the
+  connection stays open for the others.
+- **Bounded.** A reply that does not come within ``timeout`` of its command means the
+  connection has stopped answering (a blackhole, a half-open socket, a frozen server):
+  the connection is dropped and every call on it fails at once. One timer per connection
+  watches the oldest pending reply only (replies come in order, so it is always the first
+  to be overdue).
 
-- No retry: a script whose reply was lost may have run (a counted hit, a taken lock), so a
-  transport error becomes ``BackendUnavailable`` and the caller decides. A connection found
-  closed *before* the send (the server restarted while it idled) is reconnected first, as
-  redis-py's pool does on checkout.
-- No limit of its own: the store's gate lets at most ``max_connections`` calls in, and a
-  call holds exactly one connection, so there are never more connections than that.
+The connection set-up (TLS, AUTH with an ACL user, CLIENT SETNAME, SELECT) is ``Endpoint``'s
+handshake, sent as the first commands.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import collections
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from redis.exceptions import NoScriptError, ResponseError
+import hiredis
 
-from .._scripts import Arg, Reply, Script
+from .._scripts import Arg
+from .endpoint import Endpoint
+
+ReplyError = hiredis.ReplyError
 
 
 def _bulk(arg: Arg) -> bytes:
@@ -54,79 +60,236 @@ def pack(head: bytes, keys: Sequence[str], args: Sequence[Arg]) -> bytes:
     return b"".join((b"*%d\r\n" % (3 + len(items)), head, _bulk(len(keys)), *map(_bulk, items)))
 
 
-async def exchange(conn: Any, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
-    """One script call on one checked-out redis-py connection: EVALSHA, and on NOSCRIPT,
-    EVAL on the same connection (same call). Used by ``Connections`` and, on a cluster, on
-    the connections of the node that owns the keys."""
-    try:
-        # The connection's stream reader: None until connected. The server closed it while
-        # it sat idle (a restart, a client timeout) if it is at EOF or failed: reconnect
-        # before sending. (Leftover data cannot be there: an interrupted exchange closes it.)
-        reader = conn._reader
-        if reader is not None and (reader.at_eof() or reader.exception() is not None):
-            await conn.disconnect(nowait=True)
-            reader = None
-        if reader is None:
-            await conn.connect()
-        # What send_packed_command does, without its checks and its drain when the socket
-        # took the whole command at once (the common case for a small call).
-        writer = conn._writer
-        writer.write(pack(script.evalsha_head, keys, args))
-        if writer.transport.get_write_buffer_size():
-            # Bounded by the connection's socket timeout where it has one (a cluster node),
-            # else by the store's deadline timer, like the read.
-            async with asyncio.timeout(conn.socket_timeout or None):
-                await writer.drain()
+def pack_command(*parts: Arg) -> bytes:
+    """Any command in RESP (the handshake's, ASKING)."""
+    return b"*%d\r\n%b" % (len(parts), b"".join(map(_bulk, parts)))
+
+
+class Wire(asyncio.Protocol):
+    """One connection; ``send`` returns the future of its reply (see the module)."""
+
+    def __init__(self, address: str, timeout: float) -> None:
+        self.address = address
+        self._timeout = timeout
+        self._loop = asyncio.get_running_loop()
+        self._reader = hiredis.Reader()
+        self._pending: collections.deque[tuple[asyncio.Future[Any], float]] = collections.deque()
+        self._batch: list[bytes] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._transport: asyncio.Transport | None = None
+        #: why the connection is closed (None while it is open)
+        self.error: Exception | None = None
+
+    # -- asyncio.Protocol ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        reader = self._reader
+        reader.feed(data)
+        pending = self._pending
+        while True:
+            reply = reader.gets()
+            if reply is False:
+                return
+            if not pending:  # a reply nobody asked for: the stream is out of step
+                self.abort(ConnectionError(f"{self.address} sent an unexpected reply"))
+                return
+            waiter = pending.popleft()[0]
+            if not waiter.done():  # (a cancelled caller's reply is dropped)
+                waiter.set_result(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(ConnectionError(f"connection to {self.address} lost: {exc or 'closed'}"))
+
+    # -- calls ---------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self.error is not None
+
+    @property
+    def pending(self) -> int:
+        """Replies still owed (cancelled callers' included)."""
+        return len(self._pending)
+
+    def send(self, data: bytes) -> asyncio.Future[Any]:
+        """Write one command (or join this iteration's batch) and return its reply's future."""
+        if self.error is not None:
+            raise ConnectionError(str(self.error))
+        loop = self._loop
+        waiter = loop.create_future()
+        deadline = loop.time() + self._timeout
+        self._pending.append((waiter, deadline))
+        if self._timer is None:
+            self._timer = loop.call_at(deadline, self._check)
+        batch = self._batch
+        if batch is None:
+            assert self._transport is not None
+            self._transport.write(data)
+            self._batch = []
+            loop.call_soon(self._flush)
+        else:
+            batch.append(data)
+        return waiter
+
+    def _flush(self) -> None:
+        batch, self._batch = self._batch, None
+        if batch and self.error is None and self._transport is not None:
+            self._transport.write(b"".join(batch))
+
+    def _check(self) -> None:
+        """The timer: fail the connection if its oldest pending reply is overdue."""
+        self._timer = None
+        if not self._pending or self.error is not None:
+            return
+        deadline = self._pending[0][1]
+        if deadline <= self._loop.time():
+            self.abort(TimeoutError(f"{self.address} did not answer within {self._timeout} s"))
+        else:
+            self._timer = self._loop.call_at(deadline, self._check)
+
+    def abort(self, error: Exception) -> None:
+        """Drop the connection now: every pending call fails with ``error``."""
+        self._fail(error)
+        if self._transport is not None:
+            self._transport.abort()
+
+    def close(self) -> None:
+        """Close gracefully (pending calls fail: nobody will read their replies)."""
+        self._fail(ConnectionError(f"connection to {self.address} closed"))
+        if self._transport is not None:
+            self._transport.close()
+
+    def _fail(self, error: Exception) -> None:
+        if self.error is None:
+            self.error = error
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        pending, self._pending = self._pending, collections.deque()
+        for waiter, _ in pending:
+            if not waiter.done():  # each its own copy: raised in many tasks at once
+                waiter.set_exception(type(self.error)(*self.error.args))
+
+
+async def connect(endpoint: Endpoint, *, timeout: float, connect_timeout: float) -> Wire:
+    """A new wire to ``endpoint``, its handshake answered, within ``connect_timeout``.
+
+    A refused handshake (a wrong password, an unknown ACL user, a bad database) raises its
+    ``hiredis.ReplyError``; a network failure ``OSError`` or ``TimeoutError``.
+    """
+    loop = asyncio.get_running_loop()
+    wire = Wire(endpoint.address, timeout)
+    async with asyncio.timeout(connect_timeout):
+        if endpoint.path is not None:
+            await loop.create_unix_connection(lambda: wire, endpoint.path, ssl=endpoint.tls)
+        else:
+            await loop.create_connection(
+                lambda: wire, endpoint.host, endpoint.port, ssl=endpoint.tls
+            )
         try:
-            return await conn.read_response()
-        except NoScriptError:
-            # After SCRIPT FLUSH, a restart or a failover: EVAL runs it and caches it.
-            await conn.send_packed_command(pack(script.eval_head, keys, args), False)
-            return await conn.read_response()
-    except ResponseError:
-        raise  # the server answered: the connection is in step and stays open
-    except BaseException:
-        # Cancelled or failed mid-exchange: a reply may still be on its way, so this
-        # socket can never be trusted again (redis-py closes it too; make sure).
-        await conn.disconnect(nowait=True)
-        raise
+            replies = [wire.send(pack_command(*command)) for command in endpoint.handshake()]
+            for reply in replies:
+                answer = await reply
+                if isinstance(answer, ReplyError):
+                    raise answer
+        except BaseException:
+            wire.abort(ConnectionError(f"the handshake with {endpoint.address} failed"))
+            for reply in replies:
+                if reply.done() and not reply.cancelled():
+                    reply.exception()  # retrieved: the first failure is what is raised
+            raise
+    return wire
 
 
-class Connections:
-    """Idle connections, newest first out (a warm socket is reused before a cold one)."""
+class Link:
+    """The one wire to an endpoint on the running loop: opened by the first call that needs
+    it (concurrent callers share that connect), and opened anew after it broke. A call in
+    flight when it broke is never resent: it failed with the wire."""
 
-    __slots__ = ("_closed", "_idle", "_make")
+    __slots__ = (
+        "_closed",
+        "_connect_timeout",
+        "_connecting",
+        "_resolve",
+        "_timeout",
+        "_wire",
+        "endpoint",
+    )
 
-    def __init__(self, make: Callable[[], Any]) -> None:
-        self._make = make  # a new, unconnected redis.asyncio Connection
-        self._idle: list[Any] = []
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        timeout: float,
+        connect_timeout: float,
+        resolve: Callable[[], Awaitable[Endpoint]] | None = None,
+    ) -> None:
+        #: where the wire connects (after ``resolve``, where it connected last)
+        self.endpoint = endpoint
+        self._resolve = resolve  # asked before every connect: the Sentinel master
+        self._timeout = timeout
+        self._connect_timeout = connect_timeout
+        self._wire: Wire | None = None
+        self._connecting: asyncio.Task[Wire] | None = None
         self._closed = False
 
-    def take(self) -> Any:
-        """A connection for one call: the newest idle one, else a new (unconnected) one."""
-        return self._idle.pop() if self._idle else self._make()
+    @property
+    def open(self) -> Wire | None:
+        """The wire if it is open (the hot path: no await)."""
+        wire = self._wire
+        return wire if wire is not None and wire.error is None else None
 
-    def give(self, conn: Any) -> None:
-        """Back after its call (closed if the pool was closed meanwhile). A connection the
-        exchange closed goes back too: it reconnects on its next call."""
+    async def wire(self) -> Wire:
+        """The open wire, connecting first if there is none."""
+        wire = self.open
+        if wire is not None:
+            return wire
         if self._closed:
-            _close_now(conn)
-        else:
-            self._idle.append(conn)
+            raise ConnectionError(f"the connection to {self.endpoint.address} is closed")
+        task = self._connecting
+        if task is None:
+            task = self._connecting = asyncio.ensure_future(self._connect())
+            task.add_done_callback(_retrieve)
+        # Shielded: a caller that gives up does not cancel the others' connect.
+        return await asyncio.shield(task)
 
-    async def aclose(self) -> None:
-        """Close every idle connection; one in use is closed when its call ends."""
+    async def _connect(self) -> Wire:
+        try:
+            if self._resolve is not None:
+                async with asyncio.timeout(self._connect_timeout):
+                    self.endpoint = await self._resolve()
+            wire = await connect(
+                self.endpoint, timeout=self._timeout, connect_timeout=self._connect_timeout
+            )
+            if self._closed:  # closed while it connected: nobody would close this one
+                wire.close()
+                raise ConnectionError(f"the connection to {self.endpoint.address} is closed")
+            self._wire = wire
+            return wire
+        finally:
+            self._connecting = None
+
+    def drop(self, error: Exception) -> None:
+        """Drop the wire (its server is no longer the one to talk to); the next call
+        connects anew. Calls still on it fail with ``error``."""
+        wire, self._wire = self._wire, None
+        if wire is not None:
+            wire.abort(ConnectionError(str(error)))
+
+    def close(self) -> None:
         self._closed = True
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            await conn.disconnect(nowait=True)
+        wire, self._wire = self._wire, None
+        if wire is not None:
+            wire.close()
+        if self._connecting is not None:
+            self._connecting.cancel()
 
 
-def _close_now(conn: Any) -> None:
-    """``disconnect(nowait=True)`` without the await: close the stream on the running loop
-    (which unregisters the socket and closes it) and forget it."""
-    writer = conn._writer
-    if writer is not None:
-        conn._parser.on_disconnect()
-        conn._writer = conn._reader = None
-        writer.close()
+def _retrieve(task: asyncio.Task[Wire]) -> None:
+    """A connect nobody waited for to the end (all callers gave up): its failure is known."""
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,118 @@
+"""Where and how the wire connects: the settings of a ``redis://``, ``rediss://`` or
+``unix://`` URL and of the keyword arguments ``Backend.from_url`` passes on.
+
+The URL is read by redis-py's own ``parse_url`` and TLS contexts are built by its
+``RedisSSLContext``, so every option means here what it means for a redis-py client
+(``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs``,
+``ssl_check_hostname``, ...; certificate verification is on unless turned off). An option
+the wire does not implement is refused at once with ``TypeError``: it would otherwise be
+silently ignored.
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The TLS keyword arguments, by the name ``RedisSSLContext`` gives them.
+_TLS = {
+    "ssl_keyfile": "keyfile",
+    "ssl_certfile": "certfile",
+    "ssl_cert_reqs": "cert_reqs",
+    "ssl_include_verify_flags": "include_verify_flags",
+    "ssl_exclude_verify_flags": "exclude_verify_flags",
+    "ssl_ca_certs": "ca_certs",
+    "ssl_ca_data": "ca_data",
+    "ssl_ca_path": "ca_path",
+    "ssl_check_hostname": "check_hostname",
+    "ssl_min_version": "min_version",
+    "ssl_ciphers": "ciphers",
+    "ssl_password": "password",
+}
+#: What else the wire understands (the rest of a redis-py URL's and client's settings).
+_PLAIN = {"host", "port", "path", "db", "username", "password", "client_name"}
+#: Accepted and left to redis-py's own connections (the wake-up subscriber, topology).
+_REDIS_PY_ONLY = {"socket_keepalive", "socket_keepalive_options", "health_check_interval"}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One server's address and the settings of every connection to it."""
+
+    host: str = "127.0.0.1"
+    port: int = 6379
+    path: str | None = None  # a unix socket instead of host:port
+    tls: ssl.SSLContext | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    db: int = 0
+    client_name: str | None = None
+
+    @property
+    def address(self) -> str:
+        """``host:port`` or the socket path: what a span or a log line names."""
+        return self.path if self.path is not None else f"{self.host}:{self.port}"
+
+    def at(self, host: str, port: int) -> Endpoint:
+        """The same settings for another server (a cluster node, the Sentinel master)."""
+        return Endpoint(
+            host, port, None, self.tls, self.username, self.password, self.db, self.client_name
+        )
+
+    def handshake(self) -> list[tuple[Any, ...]]:
+        """The commands a new connection sends before any script, in order."""
+        commands: list[tuple[Any, ...]] = []
+        if self.password is not None:
+            if self.username:
+                commands.append(("AUTH", self.username, self.password))
+            else:
+                commands.append(("AUTH", self.password))
+        if self.client_name:
+            commands.append(("CLIENT", "SETNAME", self.client_name))
+        if self.db:
+            commands.append(("SELECT", self.db))
+        return commands
+
+
+def endpoint(url: str | None, options: dict[str, Any]) -> Endpoint:
+    """The endpoint of ``url`` (or of the options alone), with ``options`` over the URL's.
+
+    Raises ``TypeError`` for an option the wire cannot honour and ``ValueError`` for a
+    malformed URL, before any I/O.
+    """
+    from redis.asyncio.connection import RedisSSLContext, SSLConnection, parse_url
+
+    settings: dict[str, Any] = {}
+    if url is not None:
+        try:
+            settings.update(parse_url(url))
+        except ValueError as exc:
+            raise ValueError(f"malformed Redis URL: {exc}") from None
+    settings.update(options)
+    unknown = set(settings) - _PLAIN - set(_TLS) - _REDIS_PY_ONLY - {"connection_class"}
+    if unknown:
+        raise TypeError(
+            f"unsupported connection option(s) {sorted(unknown)}: the backend's connections"
+            f" take {sorted(_PLAIN | set(_TLS))}"
+        )
+    tls_options = {_TLS[k]: v for k, v in settings.items() if k in _TLS}
+    tls: ssl.SSLContext | None = None
+    if settings.get("connection_class") is SSLConnection or (url is None and tls_options):
+        # Verification on by default, as redis-py's SSLConnection has it.
+        tls_options.setdefault("cert_reqs", "required")
+        tls_options.setdefault("check_hostname", True)
+        tls = RedisSSLContext(**tls_options).get()
+    elif tls_options:
+        raise TypeError(f"TLS options {sorted(tls_options)} need a rediss:// URL")
+    db = int(settings.get("db") or 0)
+    return Endpoint(
+        host=str(settings.get("host") or "127.0.0.1"),
+        port=int(settings.get("port") or 6379),
+        path=settings.get("path"),
+        tls=tls,
+        username=settings.get("username") or None,
+        password=settings.get("password"),
+        db=db,
+        client_name=settings.get("client_name"),
+    )
