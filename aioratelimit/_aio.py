@@ -73,12 +73,13 @@ class Gate:
     only when no live waiter is queued.
     """
 
-    __slots__ = ("_waiters", "free", "size")
+    __slots__ = ("_idle", "_waiters", "free", "size")
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.free = size
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._idle: asyncio.Future[None] | None = None  # see idle()
 
     async def wait(self, timeout: float) -> None:
         """Wait for a slot, at most ``timeout`` seconds (then ``BackendUnavailable``)."""
@@ -107,6 +108,15 @@ class Gate:
                 slot.set_result(None)
                 return
         self.free += 1
+        if self.free == self.size and self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
+
+    async def idle(self) -> None:
+        """Wait until every slot is back (no call is in; a closing store's last calls)."""
+        if self.free < self.size:
+            if self._idle is None or self._idle.done():
+                self._idle = _running_loop().create_future()
+            await asyncio.shield(self._idle)
 
 
 class Keeper:

@@ -55,6 +55,7 @@ from _common import (
 
 import aioratelimit as arl
 from aioratelimit import _keys, _scripts
+from aioratelimit._stores.wire import Wire
 from aioratelimit._tokens import _key as token_key
 
 FLOOR_LUA = """\
@@ -203,11 +204,17 @@ async def redis_reps(bench: Bench) -> list[dict[str, float]]:
 async def round_trips(bench: Bench) -> list[list[str]]:
     """Per operation: commands the client wrote, and EVALSHA/EVAL calls the server counted.
 
-    Writes are counted on every asyncio stream (``StreamWriter.write`` and ``writelines``):
-    redis-py writes a command with one ``writelines``, our backend with one ``write``, so
-    the count does not depend on which client path is taken."""
+    Commands are counted where each client path hands them to its socket: redis-py writes
+    a command with one ``StreamWriter.writelines`` (or ``write``), our backend hands each
+    to its wire with one ``Wire.send`` (which may join others' in one socket write)."""
     sent = 0
     write, writelines = asyncio.StreamWriter.write, asyncio.StreamWriter.writelines
+    wire_send = Wire.send
+
+    def counting_send(self: Wire, data: bytes) -> asyncio.Future[Any]:
+        nonlocal sent
+        sent += 1
+        return wire_send(self, data)
 
     def counting_write(self: asyncio.StreamWriter, data: Any) -> None:
         nonlocal sent
@@ -231,12 +238,14 @@ async def round_trips(bench: Bench) -> list[list[str]]:
         sent = 0
         asyncio.StreamWriter.write = counting_write  # type: ignore[method-assign]
         asyncio.StreamWriter.writelines = counting_writelines  # type: ignore[method-assign]
+        Wire.send = counting_send  # type: ignore[method-assign]
         try:
             for i in range(COUNT_N):
                 await op(i)
         finally:
             asyncio.StreamWriter.write = write  # type: ignore[method-assign]
             asyncio.StreamWriter.writelines = writelines  # type: ignore[method-assign]
+            Wire.send = wire_send  # type: ignore[method-assign]
         after = await scripts_run()
         rows.append([name, fmt(sent / COUNT_N, 2), fmt((after - before) / COUNT_N, 2)])
     return rows

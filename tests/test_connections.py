@@ -1,9 +1,11 @@
-"""The connections ``Backend.from_url`` runs scripts on (``aioratelimit._stores.wire``).
+"""The wire ``Backend.from_url`` runs scripts on (``aioratelimit._stores.wire``).
 
-Each call writes one pre-packed EVALSHA on one connection and reads one reply. These tests
-pin what that path must keep from redis-py's: the exact wire form, a reply never reaching
-another call (whatever is cancelled), connections that survive script errors but not broken
-exchanges, and a pool that is bounded and closed with the backend.
+Every call goes over one multiplexed connection: the commands of one event-loop iteration
+are written together and the replies matched in order. These tests pin the exact wire
+form, a reply never reaching another call (whatever is cancelled), one connection for any
+crowd, batching that the server can see, NOSCRIPT answered per call, a bounded number of
+calls in flight, a connection that survives script errors and cancellations, and a close
+that lets the calls in flight finish.
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ ECHO = script("test_echo", "return {KEYS[1], ARGV[1]}")
 FAIL = script("test_fail", "return redis.error_reply('ERR test failure')")
 
 
-def _clients(server: RedisServer) -> int:
-    """Connections the server has open, without the one asking."""
+def _clients(server: RedisServer, name: str | None = None) -> int:
+    """Connections the server has open (named ``name``, if given), without the one asking."""
     inspector = server.client()
     try:
-        return len(inspector.client_list()) - 1
+        clients = inspector.client_list()
+        if name is not None:
+            return sum(1 for c in clients if c.get("name") == name)
+        return len(clients) - 1
     finally:
         inspector.close()
 
@@ -79,9 +84,9 @@ async def test_no_reply_ever_reaches_another_call(own_redis: RedisServer) -> Non
             results = await asyncio.gather(*tasks, return_exceptions=True)
             # Everything not cancelled answered its own call (call() asserts the echo).
             assert all(r is None or isinstance(r, asyncio.CancelledError) for r in results)
-        # And afterwards every connection is in step again.
+        # And afterwards the connection is in step again.
         await asyncio.gather(*(call(i) for i in range(50)))
-        assert _clients(own_redis) <= 3
+        assert _clients(own_redis) == 1
 
 
 async def test_script_error_keeps_the_connection(own_redis: RedisServer) -> None:
@@ -96,7 +101,7 @@ async def test_script_error_keeps_the_connection(own_redis: RedisServer) -> None
             await backend.run(ECHO, ["k"], ["1"])
             opened = received()
             for _ in range(5):
-                with pytest.raises(arl.BackendUnavailable, match="test failure"):
+                with pytest.raises(arl.BackendError, match="test failure"):
                     await backend.run(FAIL, ["k"], [])
                 assert await backend.run(ECHO, ["k"], ["2"]) == [b"k", b"2"]
             assert received() == opened
@@ -104,15 +109,14 @@ async def test_script_error_keeps_the_connection(own_redis: RedisServer) -> None
         inspector.close()
 
 
-async def test_aclose_closes_every_connection(own_redis: RedisServer) -> None:
-    """Idle connections close with the backend; one busy at that moment closes when its
-    call ends, and the backend opens no more."""
-    backend = arl.Backend.from_url(own_redis.url, max_connections=8)
+async def test_aclose_lets_the_calls_in_flight_finish_then_closes(own_redis: RedisServer) -> None:
+    """A call in flight when the backend closes gets its reply; then no connection is left."""
+    backend = arl.Backend.from_url(own_redis.url)
     await asyncio.gather(*(backend.run(ECHO, ["k"], [str(i)]) for i in range(8)))
-    assert 1 <= _clients(own_redis) <= 8
+    assert _clients(own_redis) == 1
     slow = script("test_slow", "local t = redis.call('TIME') return 1")
     busy = asyncio.ensure_future(backend.run(slow, ["k"], []))
-    await asyncio.sleep(0)  # the call has its connection
+    await asyncio.sleep(0)  # the call is on the wire
     await backend.aclose()
     assert await busy == 1
     for _ in range(50):
@@ -120,6 +124,140 @@ async def test_aclose_closes_every_connection(own_redis: RedisServer) -> None:
             break
         await asyncio.sleep(0.02)
     assert _clients(own_redis) == 0
+
+
+class _CountingTransport(asyncio.Transport):
+    """A transport that counts the writes handed to it (and passes everything on)."""
+
+    writes = 0
+
+    def __init__(self, transport: asyncio.BaseTransport) -> None:
+        super().__init__()
+        assert isinstance(transport, asyncio.Transport)
+        self._inner = transport
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        _CountingTransport.writes += 1
+        self._inner.write(data)
+
+    def abort(self) -> None:
+        self._inner.abort()
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def is_closing(self) -> bool:
+        return self._inner.is_closing()
+
+
+async def test_a_crowd_shares_one_connection_and_its_writes(
+    own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """500 concurrent calls: one connection, every caller its own reply, and a handful of
+    socket writes for all of them (the commands of one loop iteration go out together)."""
+    from aioratelimit._stores.wire import Wire
+
+    made = Wire.connection_made
+    monkeypatch.setattr(Wire, "connection_made", lambda self, t: made(self, _CountingTransport(t)))
+    inspector = own_redis.client()
+    try:
+        async with arl.Backend.from_url(own_redis.url, client_name="crowd") as backend:
+            await backend.run(ECHO, ["warm"], ["0"])
+            opened = inspector.info("stats")["total_connections_received"]
+            _CountingTransport.writes = 0
+            replies = await asyncio.gather(
+                *(backend.run(ECHO, [f"k{i}"], [str(i)]) for i in range(500))
+            )
+            assert replies == [[f"k{i}".encode(), str(i).encode()] for i in range(500)]
+            assert _CountingTransport.writes <= 5, _CountingTransport.writes
+            assert inspector.info("stats")["total_connections_received"] == opened
+            assert _clients(own_redis, "crowd") == 1
+    finally:
+        inspector.close()
+
+
+async def test_cancelled_callers_never_cost_the_shared_connection(own_redis: RedisServer) -> None:
+    """Hundreds of callers cancelled in flight: their replies are read and dropped, the
+    connection stays the same one, and the next calls are answered correctly."""
+    inspector = own_redis.client()
+    rng = random.Random(3)
+    try:
+        async with arl.Backend.from_url(own_redis.url) as backend:
+            await backend.run(ECHO, ["warm"], ["0"])
+            opened = inspector.info("stats")["total_connections_received"]
+            for _ in range(20):
+                tasks = [
+                    asyncio.ensure_future(backend.run(ECHO, [f"k{i}"], [str(i)])) for i in range(50)
+                ]
+                await asyncio.sleep(0)
+                for task in rng.sample(tasks, 25):
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            assert await backend.run(ECHO, ["k"], ["last"]) == [b"k", b"last"]
+            assert inspector.info("stats")["total_connections_received"] == opened
+    finally:
+        inspector.close()
+
+
+async def test_noscript_is_answered_per_call_in_a_crowd(own_redis: RedisServer) -> None:
+    """After SCRIPT FLUSH, each of a crowd of calls gets its own reply (the NOSCRIPT ones
+    by EVAL), in one connection, and nothing is answered twice."""
+    inspector = own_redis.client()
+    try:
+        async with arl.Backend.from_url(own_redis.url, client_name="flushed") as backend:
+            await backend.run(ECHO, ["warm"], ["0"])
+            for _ in range(3):
+                inspector.script_flush()
+                replies = await asyncio.gather(
+                    *(backend.run(ECHO, [f"k{i}"], [str(i)]) for i in range(100))
+                )
+                assert replies == [[f"k{i}".encode(), str(i).encode()] for i in range(100)]
+            assert _clients(own_redis, "flushed") == 1
+    finally:
+        inspector.close()
+
+
+async def test_ten_thousand_callers_all_get_answers_within_the_cap(own_redis: RedisServer) -> None:
+    """10,000 concurrent callers through a cap of 100 calls in flight: every one answered,
+    and never more than 100 replies owed on the wire at once."""
+    from aioratelimit._stores.wire import Wire
+
+    most = 0
+    send = Wire.send
+
+    def counting(self: Wire, data: bytes) -> asyncio.Future[object]:
+        nonlocal most
+        waiter = send(self, data)
+        most = max(most, self.pending)
+        return waiter
+
+    Wire.send = counting  # type: ignore[method-assign]
+    try:
+        async with arl.Backend.from_url(own_redis.url, max_in_flight=100, timeout=30) as backend:
+            limiter = arl.FixedWindow("100000/hour", backend=backend)
+            decisions = await asyncio.gather(*(limiter.hit(f"k{i % 50}") for i in range(10_000)))
+    finally:
+        Wire.send = send  # type: ignore[method-assign]
+    assert all(d.allowed for d in decisions)
+    assert sorted(d.remaining for d in decisions)[:50] == [100000 - 200] * 50
+    assert most <= 100
+
+
+async def test_on_call_reports_every_call_without_its_keys(own_redis: RedisServer) -> None:
+    """The instrumentation hook sees each script call once it is over: the script's name,
+    the server, a duration, the error if any; never a key or an argument."""
+    calls: list[arl.ScriptCall] = []
+    async with arl.Backend.from_url(own_redis.url, on_call=calls.append) as backend:
+        limiter = arl.FixedWindow("10/minute", backend=backend)
+        await limiter.hit("secret-user-key")
+        with pytest.raises(arl.BackendError):
+            await backend.run(FAIL, ["k"], [])
+    assert [c.script for c in calls] == ["fixed_window", "test_fail"]
+    assert all(c.server == f"127.0.0.1:{own_redis.port}" for c in calls)
+    assert all(c.duration_ns > 0 and c.start_ns > 0 for c in calls)
+    assert calls[0].error is None
+    assert isinstance(calls[1].error, arl.BackendError)
+    assert "secret-user-key" not in repr(calls)
 
 
 def test_one_backend_serves_successive_event_loops(own_redis: RedisServer) -> None:

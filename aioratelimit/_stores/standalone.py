@@ -20,6 +20,7 @@ pool, timeouts and event-loop rules are the application's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
@@ -207,7 +208,12 @@ class RedisStore(_OnClient):
         await super().aclose()
         on, self._on = self._on, None
         if on is not None and on.keeper is not None:
-            await on.keeper.aclose()  # it closes the connection
+            if on.loop is _running_loop():
+                # The calls in flight finish first (a NOSCRIPT one sends its EVAL too).
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._timeout):
+                        await on.gate.idle()
+            await on.keeper.aclose()  # it closes the connection (on its own loop)
         await self._client.aclose()
 
 

@@ -281,6 +281,7 @@ class Link:
             wire.abort(ConnectionError(str(error)))
 
     def close(self) -> None:
+        """Close now (calls in flight fail)."""
         self._closed = True
         wire, self._wire = self._wire, None
         if wire is not None:
