@@ -177,6 +177,11 @@ def median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else math.nan
 
 
+def column(reps: Sequence[Mapping[str, float]], key: str) -> list[float]:
+    """One figure across the repetitions (each repetition a mapping of figures)."""
+    return [rep[key] for rep in reps]
+
+
 def paired_ratio(num: Sequence[float], den: Sequence[float]) -> float:
     """The median over repetitions of ``num[i] / den[i]`` (both measured in repetition i)."""
     return median([a / b for a, b in zip(num, den, strict=True) if b])

@@ -39,6 +39,7 @@ from _common import (
     REPS,
     Op,
     bench_prefix,
+    column,
     delete_prefix,
     fan_out,
     interleave,
@@ -221,9 +222,6 @@ async def bus_messages(url: str, prefix: str) -> dict[str, float]:
         await backend.aclose()
         await rc.aclose()
 
-
-def column(figures: Sequence[dict[str, float]], key: str) -> list[float]:
-    return [rep[key] for rep in figures]
 
 
 def report(figures: Sequence[dict[str, float]], cluster: str | None, bus: dict[str, float]) -> None:

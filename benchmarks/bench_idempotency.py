@@ -36,6 +36,7 @@ from _common import (
     REPS,
     Op,
     bench_prefix,
+    column,
     delete_prefix,
     fan_out,
     fmt,
@@ -250,9 +251,6 @@ async def round_trips(bench: Bench) -> list[list[str]]:
         rows.append([name, fmt(sent / COUNT_N, 2), fmt((after - before) / COUNT_N, 2)])
     return rows
 
-
-def column(reps: Sequence[dict[str, float]], key: str) -> list[float]:
-    return [rep[key] for rep in reps]
 
 
 def report(figs: Sequence[dict[str, float]], trips: list[list[str]]) -> None:

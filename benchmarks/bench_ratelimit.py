@@ -35,6 +35,7 @@ from _common import (
     REPS,
     Op,
     bench_prefix,
+    column,
     delete_prefix,
     fan_out,
     fmt,
@@ -413,9 +414,6 @@ async def memory_usage(url: str, prefix: str) -> list[list[str]]:
 
 # -- report --------------------------------------------------------------------------------
 
-
-def column(reps: Sequence[dict[str, float]], key: str) -> list[float]:
-    return [rep[key] for rep in reps]
 
 
 def report(

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import hiredis
 
@@ -83,8 +83,8 @@ class Wire(asyncio.Protocol):
     # -- asyncio.Protocol ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # A stream transport (asyncio's, uvloop's or a TLS one: not all subclass Transport).
+        self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         reader = self._reader

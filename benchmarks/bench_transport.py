@@ -1,0 +1,297 @@
+"""The transport, side by side in one run: the C client, the raw redis-py floor, and ours.
+
+Run (the script starts no server; it writes keys only under a prefix unique to the run and
+deletes them before it exits)::
+
+    REDIS_URL=redis://127.0.0.1:6391/0 .venv/bin/python benchmarks/bench_transport.py
+
+What it measures, every condition in every repetition, interleaved:
+
+- ``redis-benchmark`` (the C client, from redis-tools) ``-c 1 -P 1`` and ``-c 50 -P 1``
+  running the floor EVALSHA: one connection one command at a time, and 50 connections
+  without pipelining, the physical reference for "decisions a client can get";
+- the raw floor: ``redis.asyncio`` EVALSHA of the same minimal fixed-window script,
+  sequential and with 1, 2, 4 and 64 concurrent tasks;
+- ours: ``FixedWindow``, ``SlidingWindow`` and ``TokenBucket`` ``hit`` on one default
+  ``Backend.from_url``, sequential and with 1, 2, 4, 64, 256 and 1,024 tasks (FixedWindow;
+  the other two at 64); a lock's acquire + release, sequential (against one raw EVALSHA)
+  and 64 tasks on distinct names; ``consume_token`` at 64 tasks;
+- with ``REDIS_CLUSTER_URL`` set, FixedWindow at 64 tasks on that cluster too.
+
+Every hit is admitted (the limit is far above the run), so this is the cost of a decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis.asyncio as aredis
+from _common import (
+    REPS,
+    bench_prefix,
+    column,
+    delete_prefix,
+    fan_out,
+    fmt,
+    interleave,
+    paired_ratio,
+    perf,
+    print_header,
+    print_notes,
+    print_table,
+    progress,
+    ratio,
+    redis_url,
+    scaled,
+    with_spread,
+)
+
+import aioratelimit as arl
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+FLOOR_LUA = """\
+local c = redis.call('INCR', KEYS[1])
+if c == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return {c, redis.call('PTTL', KEYS[1])}
+"""
+RATE = "1000000000/hour"  # every hit admitted
+SEQ_N = scaled(2000, 20)
+PER_TASK = scaled(16, 2)
+CHUNKS = scaled(8, 1)
+C_CLIENT_N = scaled(20000, 200)
+LOW = (1, 2, 4)
+CROWDS = (64, 256, 1024)
+
+Op = Callable[[int], Awaitable[object]]
+
+
+def c_client(url: str, sha: str, prefix: str, connections: int) -> float | None:
+    """``redis-benchmark`` running the floor EVALSHA: requests per second (None without it)."""
+    exe = shutil.which("redis-benchmark")
+    if exe is None:
+        return None
+    parts = urlsplit(url)
+    argv = [
+        exe, "-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 6379),
+        "-c", str(connections), "-n", str(C_CLIENT_N), "-P", "1", "-r", "100000", "-q",
+        "EVALSHA", sha, "1", f"{prefix}:c:__rand_int__", "60000",
+    ]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True).stdout
+    found = re.findall(r"([0-9.]+) requests per second", out)
+    if not found:
+        raise SystemExit(f"redis-benchmark printed no rate: {out[-500:]}")
+    return float(found[-1])
+
+
+class Cases:
+    """Every operation the run times, by name."""
+
+    def __init__(self, raw: Any, sha: str, backend: arl.Backend, prefix: str) -> None:
+        self.raw, self.sha, self.backend, self.prefix = raw, sha, backend, prefix
+        self.limiters = {
+            "FixedWindow": arl.FixedWindow(RATE, backend=backend),
+            "SlidingWindow": arl.SlidingWindow(RATE, backend=backend),
+            "TokenBucket": arl.TokenBucket(RATE, backend=backend),
+        }
+        self.tokens: list[str] = []
+
+    def floor(self, tag: str) -> Op:
+        evalsha, sha, key = self.raw.evalsha, self.sha, f"{self.prefix}:floor:{tag}:"
+        return lambda i: evalsha(sha, 1, f"{key}{i % 1000}", 60000)
+
+    def hit(self, name: str, tag: str) -> Op:
+        hit, key = self.limiters[name].hit, f"{tag}:"
+        return lambda i: hit(f"{key}{i % 1000}")
+
+    def lock(self, tag: str) -> Op:
+        backend = self.backend
+
+        async def op(i: int) -> None:
+            lease = await arl.Lock(f"{tag}:{i}", ttl=10, backend=backend).acquire()
+            await lease.release()
+
+        return op
+
+    def consume(self) -> Op:
+        consume, tokens, backend = arl.consume_token, self.tokens, self.backend
+
+        async def op(i: int) -> None:
+            assert await consume(tokens.pop(), backend=backend)
+
+        return op
+
+
+async def rate(op: Op, tasks: int) -> float:
+    """Operations per second of ``op`` from ``tasks`` concurrent tasks (CHUNKS chunks)."""
+    chunk = fan_out(op, tasks, PER_TASK)
+    start = perf()
+    for c in range(CHUNKS):
+        await chunk(c)
+    return CHUNKS * tasks * PER_TASK / (perf() - start)
+
+
+async def repetition(cases: Cases, rep: int, url: str, cluster: Cases | None) -> dict[str, float]:
+    figures: dict[str, float] = {}
+    for connections in (1, 50):
+        rps = c_client(url, cases.sha, cases.prefix, connections)
+        if rps is not None:
+            figures[f"C -c {connections}"] = rps
+    seq = await interleave(
+        {
+            "raw": cases.floor(f"s{rep}"),
+            **{name: cases.hit(name, f"s{rep}{name}") for name in cases.limiters},
+            "lock": cases.lock(f"sl{rep}"),
+        },
+        SEQ_N,
+        100,
+        rotate=rep,
+    )
+    figures.update({f"{name}|seq": 1 / s for name, s in seq.items()})
+    # The crowds, each condition in turn, in a rotating order.
+    crowds: list[tuple[str, Op, int]] = [
+        *((f"raw|{n}", cases.floor(f"c{rep}{n}"), n) for n in (*LOW, 64)),
+        *((f"FixedWindow|{n}", cases.hit("FixedWindow", f"c{rep}{n}"), n) for n in (*LOW, *CROWDS)),
+        ("SlidingWindow|64", cases.hit("SlidingWindow", f"c{rep}"), 64),
+        ("TokenBucket|64", cases.hit("TokenBucket", f"c{rep}"), 64),
+        ("lock|64", cases.lock(f"cl{rep}"), 64),
+        ("consume_token|64", cases.consume(), 64),
+    ]
+    if cluster is not None:
+        crowds.append(("cluster FixedWindow|64", cluster.hit("FixedWindow", f"k{rep}"), 64))
+    cases.tokens[:] = [
+        await arl.issue_token(ttl=600, backend=cases.backend) for _ in range(64 * PER_TASK * CHUNKS)
+    ]
+    first = rep % len(crowds)
+    for name, op, tasks in crowds[first:] + crowds[:first]:
+        figures[name] = await rate(op, tasks)
+    return figures
+
+
+def report(reps: list[dict[str, float]], has_c: bool, has_cluster: bool) -> None:
+    def col(key: str) -> list[float]:
+        return column(reps, key)
+
+    c1 = col("C -c 1") if has_c else []
+    c50 = col("C -c 50") if has_c else []
+    rows: list[list[str]] = []
+
+    def row(label: str, key: str, us: bool = False) -> None:
+        xs = col(key)
+        rows.append([
+            label,
+            with_spread([1e6 / x for x in xs]) if us else "-",
+            with_spread(xs, 0),
+            ratio(paired_ratio(xs, c1)) if c1 else "-",
+            ratio(paired_ratio(xs, c50)) if c50 else "-",
+            ratio(paired_ratio(xs, col("raw|seq" if key.endswith("|seq") else "raw|64"))),
+        ])  # fmt: skip
+
+    if has_c:
+        rows.append(["redis-benchmark -c 1 -P 1 (C)", "-", with_spread(c1, 0), "1.00",
+                     ratio(paired_ratio(c1, c50)), "-"])  # fmt: skip
+        rows.append(["redis-benchmark -c 50 -P 1 (C)", "-", with_spread(c50, 0),
+                     ratio(paired_ratio(c50, c1)), "1.00", "-"])  # fmt: skip
+    row("raw redis.asyncio EVALSHA, sequential", "raw|seq", us=True)
+    for name in ("FixedWindow", "SlidingWindow", "TokenBucket"):
+        row(f"ours {name}, sequential", f"{name}|seq", us=True)
+    for n in LOW:
+        row(f"raw redis.asyncio, {n} tasks", f"raw|{n}")
+        row(f"ours FixedWindow, {n} tasks", f"FixedWindow|{n}")
+    row("raw redis.asyncio, 64 tasks", "raw|64")
+    for n in CROWDS:
+        row(f"ours FixedWindow, {n} tasks", f"FixedWindow|{n}")
+    row("ours SlidingWindow, 64 tasks", "SlidingWindow|64")
+    row("ours TokenBucket, 64 tasks", "TokenBucket|64")
+    row("ours lock acquire+release, 64 tasks (distinct names)", "lock|64")
+    row("ours consume_token, 64 tasks", "consume_token|64")
+    if has_cluster:
+        row("ours FixedWindow on the 3+3 cluster, 64 tasks", "cluster FixedWindow|64")
+    print_table(
+        f"Decisions per second, medians of {REPS} repetitions (min-max)",
+        ["condition", "µs/decision", "decisions/s", "÷ C -c 1", "÷ C -c 50", "÷ raw (same tasks)"],
+        rows,
+    )
+    low = [
+        [f"{n} tasks", ratio(paired_ratio(col(f"FixedWindow|{n}"), col(f"raw|{n}")))] for n in LOW
+    ]
+    print_table("Low concurrency: ours FixedWindow ÷ raw floor", ["tasks", "speed ratio"], low)
+    # (target, goal, measured, bound): all "at least" except the lock's cost below
+    targets: list[tuple[str, str, float, float]] = []
+    if has_c:
+        for name, tasks, bound in (
+            ("FixedWindow", 64, 1.2),
+            ("SlidingWindow", 64, 1.0),
+            ("TokenBucket", 64, 1.0),
+            ("FixedWindow", 256, 1.5),
+        ):
+            measured = paired_ratio(col(f"{name}|{tasks}"), c50)
+            targets.append((f"{name} {tasks} tasks ÷ C -c 50", f"≥ {bound}", measured, bound))
+    for name in ("FixedWindow", "SlidingWindow", "TokenBucket"):
+        measured = paired_ratio(col(f"{name}|seq"), col("raw|seq"))
+        targets.append((f"{name} sequential ÷ raw", "≥ 1.0", measured, 1.0))
+    lock_cost = paired_ratio(col("raw|seq"), col("lock|seq"))
+    print_table(
+        "Targets (issue 14)",
+        ["target", "goal", "measured", "met"],
+        [[t, g, fmt(m, 3), "yes" if m >= bound else "**no**"] for t, g, m, bound in targets]
+        + [["lock acquire+release ÷ one raw EVALSHA (time)", "≤ 2.1", fmt(lock_cost, 3),
+            "yes" if lock_cost <= 2.1 else "**no**"]],
+    )  # fmt: skip
+    print_notes(
+        "Method. Each repetition runs every condition: redis-benchmark first (it runs alone:"
+        f" {C_CLIENT_N} requests per run), then the sequential conditions interleaved in"
+        f" blocks of 100 ({SEQ_N} each), then each crowd in turn ({CHUNKS} chunks of tasks x"
+        f" {PER_TASK} decisions), in an order rotating every repetition. Figures are medians"
+        " over the repetitions; each ratio is the median of per-repetition ratios.",
+        "Ours is one default `Backend.from_url(url)`: one multiplexed connection (plus one for"
+        " wake-ups). The raw floor is `redis.asyncio.Redis.from_url(url, max_connections=1024)`:"
+        " a connection per concurrent task.",
+    )
+    if not has_c:
+        print_notes("redis-benchmark was not found: the C client's rows are missing.")
+
+
+async def main() -> None:
+    url = redis_url()
+    prefix = bench_prefix()
+    raw = aredis.Redis.from_url(url, max_connections=1024)
+    backend = arl.Backend.from_url(url, prefix=prefix)
+    cluster_url = os.environ.get("REDIS_CLUSTER_URL")
+    cluster_backend = arl.Backend.from_url(cluster_url, prefix=prefix) if cluster_url else None
+    try:
+        server = await raw.info("server")
+        sha = await raw.script_load(FLOOR_LUA)
+        print_header(
+            "Transport: the C client, the raw floor and ours, side by side",
+            server,
+            ["aioratelimit", "redis", "hiredis"],
+            [("event loop", type(asyncio.get_running_loop()).__module__)],
+        )
+        cases = Cases(raw, sha, backend, prefix)
+        cluster = Cases(raw, sha, cluster_backend, prefix) if cluster_backend else None
+        reps = []
+        for rep in range(REPS):
+            reps.append(await repetition(cases, rep, url, cluster))
+            progress(f"rep {rep + 1}/{REPS} done")
+        report(reps, "C -c 1" in reps[0], cluster is not None)
+    finally:
+        deleted = await delete_prefix(raw, prefix)
+        progress(f"deleted {deleted} keys under {prefix}:*")
+        await backend.aclose()
+        if cluster_backend is not None:
+            await cluster_backend.aclose()
+        await raw.aclose()
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
