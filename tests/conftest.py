@@ -29,6 +29,7 @@ from cluster_fixtures import (  # noqa: F401  (fixtures: the cluster and sentine
     sentinel_url,
     sync_client,
 )
+from tls_servers import mtls_redis, pki, plain_redis, tls_redis  # noqa: F401  (TLS, ACL servers)
 
 import aioratelimit as arl
 
