@@ -24,6 +24,8 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from ._errors import BackendError
+
 log = logging.getLogger("aioratelimit")
 
 #: How long a new subscription waits for the server's confirmation before going on anyway
@@ -204,6 +206,10 @@ class Notifier:
         # asyncio.wait neither cancels the shared future on timeout nor, unlike wait_for
         # before Python 3.12, swallows our own cancellation when both happen at once.
         await asyncio.wait((confirmed,), timeout=CONFIRM_TIMEOUT)
+        if confirmed.done() and not confirmed.cancelled():
+            refused = confirmed.exception()
+            if refused is not None:  # the server said no (an ACL without SUBSCRIBE)
+                raise BackendError(str(refused)) from refused
 
     def _remove(self, sub: Subscription) -> None:
         subs = self._subs.get(sub.channel)
@@ -283,7 +289,12 @@ class Notifier:
                 raise
             except Exception as exc:
                 # The subscriber connection broke (server restart, failover): start over with
-                # a new one. Waiters meanwhile rely on their fallback timers.
+                # a new one. Waiters meanwhile rely on their fallback timers. A refusal is
+                # told to the subscriptions waiting for their confirmation instead.
+                if isinstance(exc, BackendError):
+                    for fut in self._confirmed.values():
+                        if not fut.done():
+                            fut.set_exception(exc)
                 log.debug("aioratelimit: pub/sub reader error, reconnecting: %r", exc)
                 await self._drop_pubsub()
                 await asyncio.sleep(backoff)

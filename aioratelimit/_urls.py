@@ -7,6 +7,7 @@ module reads only what redis-py does not: ``redis+cluster://host:port,host:port`
 
 from __future__ import annotations
 
+import re
 from urllib.parse import unquote
 
 Address = tuple[str, int]
@@ -62,9 +63,13 @@ def _port(raw: str, part: str) -> int:
     return port
 
 
+_QUERY_SECRET = re.compile(r"(?i)([?&](?:password|ssl_password)=)[^&#]*")
+
+
 def redact(url: str) -> str:
-    """The URL without a password, for reprs, logs and error messages."""
+    """The URL without a password (in its user part or its query), for reprs, logs and
+    error messages."""
     scheme, sep, rest = url.partition("://")
     if "@" in rest:
         rest = "***@" + rest.rsplit("@", 1)[1]
-    return f"{scheme}{sep}{rest}"
+    return _QUERY_SECRET.sub(r"\1***", f"{scheme}{sep}{rest}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
@@ -46,17 +47,35 @@ class Store(Protocol):
 _TRANSIENT = ("READONLY", "LOADING", "MASTERDOWN", "BUSY", "CLUSTERDOWN", "TRYAGAIN")
 
 
-def translate(exc: BaseException) -> AioRateLimitError:
+#: Where a script's error happened: "... on @user_script:16."
+_SCRIPT_LINE = re.compile(r"@user_script:(\d+)")
+#: A command a script line calls: by name, or by a variable holding it (``publish``).
+_CALLED = re.compile(r"redis\.p?call\(\s*(?:['\"]([A-Za-z]+)['\"]|([a-z_]+))")
+
+
+def translate(exc: BaseException, script: Script | None = None) -> AioRateLimitError:
     """The one translation of what a call to Redis raised (raise it ``from exc``).
 
     An error reply is ``BackendError`` (the server is there and said no: a permission, a
     script error, maxmemory), except the replies that only mean "not now", which are
-    ``BackendUnavailable`` like a connection that broke or a reply that never came.
+    ``BackendUnavailable`` like a connection that broke or a reply that never came. An
+    error inside ``script`` is told with the command on its line (an ACL user that may not
+    run ``TIME`` reads "can't run this command ... line 16 calls TIME").
     """
-    if isinstance(exc, (redis_errors.ResponseError, hiredis.ReplyError)):
+    if isinstance(exc, (redis_errors.ResponseError, hiredis.ReplyError, BackendError)):
         message = str(exc)
         if message.startswith(_TRANSIENT):
             return BackendUnavailable(f"Redis cannot answer now: {message}")
+        if isinstance(exc, BackendError):
+            return exc
+        where = _SCRIPT_LINE.search(message) if script is not None else None
+        if where is not None and script is not None:
+            lines = script.source.splitlines()
+            number = int(where.group(1))
+            line = lines[number - 1] if 0 < number <= len(lines) else ""
+            called = [name or f"the {var} command" for name, var in _CALLED.findall(line)]
+            if called:
+                message += f" (line {number} of script {script.name} calls {', '.join(called)})"
         return BackendError(f"Redis answered with an error: {message}")
     if isinstance(exc, (redis_errors.TimeoutError, TimeoutError)):
         return BackendUnavailable(f"Redis did not answer in time: {exc or type(exc).__name__}")

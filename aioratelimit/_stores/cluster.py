@@ -210,7 +210,7 @@ class ClusterStore:
             return reply
         except Exception as exc:
             # Also RedisClusterException and redis-py internals: none may escape untranslated.
-            raise translate(exc) from exc
+            raise translate(exc, script) from exc
         finally:
             gate.leave()
 
@@ -335,7 +335,15 @@ class ClusterStore:
             self._ready_lock = asyncio.Lock()
         async with self._ready_lock:
             if not self._ready:
-                await self._cluster.initialize()
+                try:
+                    await self._cluster.initialize()
+                except Exception as exc:
+                    # A refusal under the "no node answered" (an ACL user that may not
+                    # run CLUSTER SLOTS) is a configuration error: say so, not "down".
+                    refusal = _refusal(exc)
+                    if refusal is not None:
+                        raise translate(refusal) from exc
+                    raise
                 self._ready = True
 
     # -- what the subscriber needs -----------------------------------------------------------
@@ -391,3 +399,15 @@ class ClusterStore:
             await keeper.aclose()  # it closes the node connections
         elif self._owned:
             await self._disconnect()
+
+
+def _refusal(exc: BaseException) -> redis_errors.ResponseError | None:
+    """The server's refusal (an error reply) behind ``exc``, if one is in its chain."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, redis_errors.ResponseError):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None

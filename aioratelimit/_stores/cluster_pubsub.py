@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from redis import exceptions as redis_errors
 
 from .._urls import Address
+from .base import translate
 
 
 class Topology(Protocol):
@@ -132,6 +133,8 @@ class ShardedPubSub:
         except redis_errors.MovedError as exc:
             self._store.moved(exc.slot_id, (exc.host, int(exc.port)))
             self._inbox.put_nowait(exc)
+        except redis_errors.ResponseError as exc:  # a subscription refused: say why
+            self._inbox.put_nowait(translate(exc))
         except Exception as exc:
             self._store.suspect(address)
             self._inbox.put_nowait(exc)

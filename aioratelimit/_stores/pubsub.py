@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from redis.exceptions import ResponseError
+
+from .base import translate
+
 
 class DedicatedPubSub:
     """A redis-py PubSub on its own one-connection pool."""
@@ -50,9 +54,12 @@ class DedicatedPubSub:
         await self._pubsub.unsubscribe(channel)
 
     async def get_message(self, *, ignore_subscribe_messages: bool, timeout: float) -> Any:
-        return await self._pubsub.get_message(
-            ignore_subscribe_messages=ignore_subscribe_messages, timeout=timeout
-        )
+        try:
+            return await self._pubsub.get_message(
+                ignore_subscribe_messages=ignore_subscribe_messages, timeout=timeout
+            )
+        except ResponseError as exc:  # the server refused a subscription: say why
+            raise translate(exc) from exc
 
     async def aclose(self) -> None:
         self._closed = True

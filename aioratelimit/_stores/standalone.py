@@ -146,7 +146,7 @@ class RedisStore(_OnClient):
                 reply = await self._answered(on, script, keys, args, reply)
             return reply
         except TRANSLATED as exc:
-            raise translate(exc) from exc
+            raise translate(exc, script) from exc
         finally:
             gate.leave()
 
@@ -232,7 +232,7 @@ class ClientStore(_OnClient):
                 # again on the server, inside the same call.
                 return await client.eval(script.source, len(keys), *keys, *args)
         except TRANSLATED as exc:
-            raise translate(exc) from exc
+            raise translate(exc, script) from exc
 
 
 def standalone_store(
