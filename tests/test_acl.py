@@ -46,8 +46,8 @@ RULES = documented_rules()
 #: stores and checked with MONITOR): the scripts, the wake-up subscriber, the command the
 #: scripts get as an argument to wake waiters, and a cluster's discovery and redirections.
 SENT = {
-    "standalone": {"evalsha", "eval", "subscribe", "unsubscribe", "publish"},
-    "cluster": {"evalsha", "eval", "ssubscribe", "sunsubscribe", "spublish",
+    "standalone": {"evalsha", "eval", "echo", "subscribe", "unsubscribe", "publish"},
+    "cluster": {"evalsha", "eval", "echo", "ssubscribe", "sunsubscribe", "spublish",
                 "cluster|slots", "command", "asking"},
 }  # fmt: skip
 
@@ -149,6 +149,7 @@ async def _semaphore(backend: arl.Backend, key: str) -> object:
 MISSING: list[tuple[str, Scenario, str]] = [
     ("+evalsha", _hit, r"\bevalsha\b"),
     ("+eval", _hit, r"\beval\b"),  # after SCRIPT FLUSH: NOSCRIPT, then EVAL
+    ("+echo", _hit, r"\becho\b"),  # the tag that ends every write
     ("~arl:*", _hit, r"\bkeys?\b"),
     ("+time", _hit, r"\btime\b"),  # called inside every script
     ("+zadd", _semaphore, r"\bzadd\b"),  # inside semaphore_acquire

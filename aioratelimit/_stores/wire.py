@@ -12,7 +12,12 @@ What a caller may rely on:
   breaks, or no reply comes within ``timeout``), its caller gets an error, never a second
   copy of its script: a script may have run with only its reply lost.
 - **Each caller its own reply or its own error.** An error reply (``hiredis.ReplyError``)
-  is that caller's value; the others' replies are untouched.
+  is that caller's value; the others' replies are untouched. Every write ends with an
+  ``ECHO`` of a tag unique to the connection, and the replies of a write are handed out
+  only once its tag has come back where it should: a reply lost in between (a proxy that
+  drops one, a server bug) shifts the tag, and then the connection is dropped and its
+  calls fail rather than any caller getting another's reply. It costs one tiny command per
+  write: one per call for a lone caller, one per batch for a crowd.
 - **A cancelled caller costs nothing shared.** Its reply is read and dropped; the
   connection stays open for the others.
 - **Bounded.** A reply that does not come within ``timeout`` of its command means the
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
@@ -65,6 +71,11 @@ def pack_command(*parts: Arg) -> bytes:
     return b"*%d\r\n%b" % (len(parts), b"".join(map(_bulk, parts)))
 
 
+#: What the FIFO holds per reply owed: the caller's future (None for a tag's ECHO), the
+#: deadline, and the tag the ECHO must answer (None for a caller's command).
+_Owed = tuple["asyncio.Future[Any] | None", float, "bytes | None"]
+
+
 class Wire(asyncio.Protocol):
     """One connection; ``send`` returns the future of its reply (see the module)."""
 
@@ -73,7 +84,11 @@ class Wire(asyncio.Protocol):
         self._timeout = timeout
         self._loop = asyncio.get_running_loop()
         self._reader = hiredis.Reader()
-        self._pending: collections.deque[tuple[asyncio.Future[Any], float]] = collections.deque()
+        self._pending: collections.deque[_Owed] = collections.deque()
+        # Replies read but not yet handed out: their write's tag has not come back yet.
+        self._held: list[tuple[asyncio.Future[Any], Any]] = []
+        self._tag_head = b"arl-%s:" % secrets.token_hex(8).encode()
+        self._tags = 0
         self._batch: list[bytes] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._transport: asyncio.Transport | None = None
@@ -97,9 +112,20 @@ class Wire(asyncio.Protocol):
             if not pending:  # a reply nobody asked for: the stream is out of step
                 self.abort(ConnectionError(f"{self.address} sent an unexpected reply"))
                 return
-            waiter = pending.popleft()[0]
-            if not waiter.done():  # (a cancelled caller's reply is dropped)
-                waiter.set_result(reply)
+            waiter, _, tag = pending.popleft()
+            if waiter is not None:
+                self._held.append((waiter, reply))
+            elif reply != tag:  # a reply was lost (or added): none can be trusted
+                if type(reply) is ReplyError:  # the tag refused (an ACL without ECHO)
+                    self.abort(reply)
+                else:
+                    self.abort(ConnectionError(f"replies from {self.address} are out of step"))
+                return
+            else:
+                held, self._held = self._held, []
+                for caller, answer in held:
+                    if not caller.done():  # (a cancelled caller's reply is dropped)
+                        caller.set_result(answer)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(ConnectionError(f"connection to {self.address} lost: {exc or 'closed'}"))
@@ -112,8 +138,8 @@ class Wire(asyncio.Protocol):
 
     @property
     def pending(self) -> int:
-        """Replies still owed (cancelled callers' included)."""
-        return len(self._pending)
+        """Callers' replies not handed out yet (cancelled callers' included)."""
+        return len(self._held) + sum(1 for waiter, _, _ in self._pending if waiter is not None)
 
     def send(self, data: bytes) -> asyncio.Future[Any]:
         """Write one command (or join this iteration's batch) and return its reply's future."""
@@ -122,22 +148,30 @@ class Wire(asyncio.Protocol):
         loop = self._loop
         waiter = loop.create_future()
         deadline = loop.time() + self._timeout
-        self._pending.append((waiter, deadline))
+        self._pending.append((waiter, deadline, None))
         if self._timer is None:
             self._timer = loop.call_at(deadline, self._check)
         batch = self._batch
         if batch is None:
             assert self._transport is not None
-            self._transport.write(data)
+            self._transport.write(data + self._tag(deadline))
             self._batch = []
             loop.call_soon(self._flush)
         else:
             batch.append(data)
         return waiter
 
+    def _tag(self, deadline: float) -> bytes:
+        """The ECHO that closes a write, its expected answer queued behind the write's."""
+        self._tags += 1
+        tag = b"%b%d" % (self._tag_head, self._tags)
+        self._pending.append((None, deadline, tag))
+        return b"*2\r\n$4\r\nECHO\r\n$%d\r\n%b\r\n" % (len(tag), tag)
+
     def _flush(self) -> None:
         batch, self._batch = self._batch, None
         if batch and self.error is None and self._transport is not None:
+            batch.append(self._tag(self._loop.time() + self._timeout))
             self._transport.write(b"".join(batch))
 
     def _check(self) -> None:
@@ -170,7 +204,8 @@ class Wire(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         pending, self._pending = self._pending, collections.deque()
-        for waiter, _ in pending:
+        held, self._held = self._held, []
+        for waiter in [w for w, _ in held] + [w for w, _, _ in pending if w is not None]:
             if not waiter.done():  # each its own copy: raised in many tasks at once
                 waiter.set_exception(type(self.error)(*self.error.args))
 
