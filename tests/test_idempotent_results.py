@@ -196,3 +196,24 @@ async def test_a_waiting_duplicate_gets_result_not_stored(backend: arl.Backend, 
     outcomes = sorted([type(first).__name__, type(second).__name__])
     assert outcomes == ["ResultNotStored", "set"]
     assert runs == 1
+
+
+async def test_a_result_that_would_not_read_back_is_not_stored(
+    backend: arl.Backend, key: str
+) -> None:
+    """A result that does not read back into its annotation (a dict where a Receipt is
+    promised) is found out when stored: later calls raise ResultNotStored, not a replay
+    error, and the body ran once."""
+    runs = 0
+
+    @arl.idempotent(key=key, backend=backend)
+    async def charge() -> Receipt:
+        nonlocal runs
+        runs += 1
+        return {"order": "o-1"}  # type: ignore[return-value]
+
+    first: object = await charge()
+    assert first == {"order": "o-1"}
+    with pytest.raises(arl.ResultNotStored, match="ValidationError"):
+        await charge()
+    assert runs == 1
