@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import pytest
 from fastapi import Depends, FastAPI, Header, HTTPException
@@ -246,3 +246,21 @@ def test_the_dependency_refuses_bad_options() -> None:
         IdempotencyKey(serializer=object())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="or a function"):
         RateLimit("10/minute")  # type: ignore[arg-type]
+
+
+async def test_the_dependency_fails_closed_or_open_when_redis_is_down(own_redis: Any) -> None:
+    """Redis stopped: 503 with Retry-After and no charge by default; fail_open=True
+    charges unprotected."""
+    closed_backend = fresh_backend(own_redis.url)
+    open_backend = fresh_backend(own_redis.url)
+    charged: list[int] = []
+    closed = payments_app(closed_backend, charged)
+    opened = payments_app(open_backend, charged, fail_open=True)
+    async with serving(closed, closed_backend) as c1, serving(opened, open_backend) as c2:
+        own_redis.stop()
+        down = await c1.post("/payments", json={"amount": 5}, headers=auth("tok-alice", "k"))
+        through = await c2.post("/payments", json={"amount": 7}, headers=auth("tok-alice", "k"))
+    assert down.status_code == 503
+    assert down.headers["retry-after"] == "5"
+    assert through.status_code == 201
+    assert charged == [7]
