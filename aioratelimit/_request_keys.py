@@ -3,8 +3,10 @@
 A key function takes the scope and returns the key a limiter counts under (or ``None``:
 not limited). ``client_ip``, ``header``, ``path_param`` and ``user_id`` build them; both
 middlewares and the FastAPI dependencies call them through ``resolve``, which takes sync and
-async ones alike. ``asgi.py`` and ``fastapi.py`` re-export the four builders. Reads
-``_routes`` (for ``path_param``), and no answer or middleware module.
+async ones alike. ``asgi.py`` and ``fastapi.py`` re-export the four builders. A key name
+never holds a credential: ``header`` stores a digest of ``Authorization``, ``Cookie`` and
+key- or token-like headers (``is_credential``). Reads ``_routes`` (for ``path_param``), and
+no answer or middleware module.
 """
 
 from __future__ import annotations
