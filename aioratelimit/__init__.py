@@ -18,14 +18,16 @@ from ._errors import (
     LockNotOwned,
     LockTimeout,
     RateLimited,
+    ResultNotStored,
     ResultTooLarge,
     TokenRejected,
 )
 from ._idempotent import idempotent
-from ._lease import Lease
+from ._lease import Hold, Lease
 from ._lock import Lock, Semaphore, lock, semaphore
-from ._ratelimit import FixedWindow, SlidingWindow, TokenBucket
+from ._ratelimit import Admission, FixedWindow, Limiter, SlidingWindow, TokenBucket
 from ._rates import Decision, Rate
+from ._results import Serializer
 from ._scripts import ScriptCall
 from ._tokens import consume_token, consumes_token, issue_token
 
@@ -35,24 +37,29 @@ except PackageNotFoundError:  # a source tree on sys.path, not installed
     __version__ = "0+unknown"
 
 __all__ = [
+    "Admission",
     "AioRateLimitError",
     "Backend",
     "BackendError",
     "BackendUnavailable",
     "Decision",
     "FixedWindow",
+    "Hold",
     "IdempotencyInProgress",
     "IdempotencyKeyMismatch",
     "Lease",
+    "Limiter",
     "Lock",
     "LockLost",
     "LockNotOwned",
     "LockTimeout",
     "Rate",
     "RateLimited",
+    "ResultNotStored",
     "ResultTooLarge",
     "ScriptCall",
     "Semaphore",
+    "Serializer",
     "SlidingWindow",
     "TokenBucket",
     "TokenRejected",

@@ -11,9 +11,10 @@ stored; a repeat is answered from the record. ``asgi.py`` re-exports the class (
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from ._args import check_int, check_seconds
 from ._asgi_types import ASGIApp, Message, Receive, Scope, Send
@@ -27,9 +28,9 @@ from ._http_answers import (
     unavailable_detail,
 )
 from ._idempotency import Claimed, IdempotencyStore, InProgress, Replay
-from ._request_keys import KeyFunc, check_key_func, client_ip, header_values, resolve
+from ._request_keys import KeyFunc, check_key_func, client_ip, header_values, resolve, user_id
 from ._response_records import Recorder, send_recorded
-from ._routes import Template, matches_any, methods_of, templates
+from ._routes import Template, matches_any, methods_of, route_path, templates
 
 log = logging.getLogger("aioratelimit")
 
@@ -39,6 +40,56 @@ MAX_IDEMPOTENCY_KEY = 255
 _BARE_KEY = re.compile(r"[!-~]{1,255}")
 # A Structured Field string (RFC 8941): printable ASCII, with \" and \\ escaped.
 _SF_STRING = re.compile(r'"((?:[ !#-\[\]-~]|\\["\\]){1,255})"')
+
+
+#: Statuses stored (and replayed) by default: success, and 303 See Other, the answer of a
+#: completed POST that redirects. 4xx are not: 401, 403, 409 and 429 say nothing final
+#: about the request, and a retry with a fresh token must run.
+STORED = frozenset([*range(200, 300), 303])
+
+#: ``fingerprint(scope, body)``: what identifies a request's content (str or bytes, sync or
+#: async); a key reused with another fingerprint is 422.
+FingerprintFunc = Callable[[Scope, bytes], "str | bytes | Awaitable[str | bytes]"]
+
+
+def request_fingerprint(scope: Scope, body: bytes) -> bytes:
+    """The default fingerprint: method, path, query string and a SHA-256 of the body."""
+    return b"\0".join(
+        (
+            scope["method"].encode(),
+            scope["path"].encode("utf-8", "surrogateescape"),
+            bytes(scope.get("query_string", b"")),
+            hashlib.sha256(body).digest(),
+        )
+    )
+
+
+def default_client() -> KeyFunc:
+    """Whose keys a request's are: the authenticated user in ``scope["user"]`` (Starlette's
+    ``AuthenticationMiddleware``), else the client's IP address."""
+    return user_id(fallback=client_ip())
+
+
+def status_filter(stored: Iterable[int] | Callable[[int], bool]) -> Callable[[int], bool]:
+    """``stored`` as a predicate on the status: statuses (a ``range`` too) or a function."""
+    if callable(stored):
+        return stored
+    statuses = frozenset(stored)
+    for status in statuses:
+        if isinstance(status, bool) or not isinstance(status, int):
+            raise TypeError(f"stored must hold int statuses, not {type(status).__name__}")
+        if not 200 <= status <= 599:
+            raise ValueError(f"a stored status must be a final status, 200 to 599: {status}")
+    return statuses.__contains__
+
+
+async def call_fingerprint(fingerprint: FingerprintFunc, scope: Scope, body: bytes) -> str | bytes:
+    value = fingerprint(scope, body)
+    if inspect.isawaitable(value):
+        value = await value
+    if not isinstance(value, (str, bytes)):
+        raise TypeError(f"fingerprint must return str or bytes, not {type(value).__name__}")
+    return value
 
 
 def parse_idempotency_key(value: str) -> str | None:
@@ -83,11 +134,14 @@ class IdempotencyMiddleware:
     """Runs each ``Idempotency-Key`` once (draft-ietf-httpapi-idempotency-key-header).
 
     Requests with a method in ``methods`` that carry an ``Idempotency-Key`` are run once per
-    (client, key): the first runs the app and its response (status, safe headers, body) is
-    stored for ``ttl`` seconds; a later request with the same key gets that response again
-    with ``Idempotent-Replayed: true``, without running anything. The key is scoped per
-    client (``client(scope)``, by default its IP address as ``client_ip()`` judges it) and
-    bound to the request's fingerprint: method, path, query string and a SHA-256 of the body.
+    (client, key): the first runs the app and, if its status is one of ``stored`` (2xx and
+    303 by default; statuses, a ``range`` or a predicate), its response (status, safe
+    headers, body) is stored for ``ttl`` seconds; a later request with the same key gets
+    that response again with ``Idempotent-Replayed: true``, without running anything. Any
+    other response frees the key at once: a retry runs. The key is scoped per client
+    (``client(scope)``, by default the authenticated ``scope["user"]``, else the IP address
+    as ``client_ip()`` judges it) and bound to the request's ``fingerprint(scope, body)``,
+    by default ``request_fingerprint``: method, path, query string and a SHA-256 of the body.
 
     - ``400`` (problem+json) when the key is malformed, or missing on a path that requires
       it (``require=True``: every path; or a list of path templates);
@@ -95,8 +149,8 @@ class IdempotencyMiddleware:
       ``wait`` seconds > 0, after waiting that long for it to finish and replaying it);
     - ``422`` when the key comes again with another method, path, query or body;
     - ``413`` when the body is over ``max_body`` bytes (never a silent bypass);
-    - 5xx responses and failures are not stored: the key is free for a retry at once. A
-      response over ``max_response`` bytes is not stored either (logged).
+    - failures and responses outside ``stored`` are not stored: the key is free for a retry
+      at once. A response over ``max_response`` bytes is not stored either (logged).
     - The first request holds the key under a ``lease`` (seconds), renewed while it runs; if
       the process dies, the key is free once the lease has passed.
     - Backend unreachable: ``503`` with ``Retry-After`` (fail closed), or with
@@ -108,9 +162,11 @@ class IdempotencyMiddleware:
         "_outage",
         "_require",
         "_retry_unavailable",
+        "_stored",
         "app",
         "client",
         "fail_open",
+        "fingerprint",
         "max_body",
         "max_response",
         "methods",
@@ -135,8 +191,14 @@ class IdempotencyMiddleware:
         fail_open: bool = False,
         name: str = "http",
         unavailable_retry_after: float = UNAVAILABLE_RETRY_AFTER,
+        stored: Iterable[int] | Callable[[int], bool] = STORED,
+        fingerprint: FingerprintFunc | None = None,
     ) -> None:
         self.app = app
+        self._stored = status_filter(stored)
+        if fingerprint is not None and not callable(fingerprint):
+            raise TypeError(f"fingerprint must be a callable, not {type(fingerprint).__name__}")
+        self.fingerprint = fingerprint or request_fingerprint
         ms = methods_of(tuple(methods))
         if ms is None:
             raise ValueError("methods must name the methods to protect, not '*'")
@@ -147,7 +209,7 @@ class IdempotencyMiddleware:
             self._require = templates(require)
         self._exempt = templates(exempt)
         client = check_key_func(client, "client")
-        self.client = client_ip() if client is None else client
+        self.client = default_client() if client is None else client
         self.max_body = check_int(max_body, "max_body", minimum=0)
         self.max_response = check_int(max_response, "max_response", minimum=0)
         self.wait = check_seconds(wait, "wait", allow_zero=True)
@@ -168,7 +230,7 @@ class IdempotencyMiddleware:
         if scope["type"] != "http" or scope["method"] not in self.methods:
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
+        path = route_path(scope)
         if matches_any(self._exempt, path):
             await self.app(scope, receive, send)
             return
@@ -200,14 +262,7 @@ class IdempotencyMiddleware:
             return
         who = await resolve(self.client, scope) or "-"
         key = f"{len(who)}:{who}:{idem}"
-        fingerprint = b"\0".join(
-            (
-                scope["method"].encode(),
-                path.encode("utf-8", "surrogateescape"),
-                bytes(scope.get("query_string", b"")),
-                hashlib.sha256(body).digest(),
-            )
-        )
+        fingerprint = await call_fingerprint(self.fingerprint, scope, body)
         replayed = _replayer(body, receive)
         try:
             if self.wait > 0:
@@ -249,7 +304,7 @@ class IdempotencyMiddleware:
         recorder = Recorder(send, self.max_response)
         async with self.store.running(claimed):
             await self.app(scope, receive, recorder)
-            if not recorder.storable():
+            if not recorder.storable(self._stored):
                 if recorder.overflow and recorder.complete:
                     log.warning(
                         "IdempotencyMiddleware: the response to %s %s is over max_response"

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from ._backend import Backend
 from ._errors import BackendUnavailable
-from ._ratelimit import FixedWindow, SlidingWindow, TokenBucket, _Limiter
+from ._ratelimit import FixedWindow, Limiter, SlidingWindow, TokenBucket
 from ._rates import Decision
 from ._urls import redact as _redact
 
@@ -71,7 +71,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "
     return "\n".join([line(headers), rule, *(line(r) for r in rows)])
 
 
-async def _burst(limiter: _Limiter, key: str) -> list[Decision]:
+async def _burst(limiter: Limiter, key: str) -> list[Decision]:
     """``BURST`` concurrent hits; the first error (if any) is raised once all have ended."""
     results = await asyncio.gather(
         *(limiter.hit(key) for _ in range(BURST)), return_exceptions=True
@@ -93,7 +93,7 @@ async def demo(backend: Backend) -> None:
     """The scene, printed as it plays; raises ``BackendUnavailable`` if the store fails."""
     started = time.monotonic()
     key = f"demo-{uuid.uuid4().hex[:8]}"  # a fresh key: reruns never see old counts
-    limiters: list[tuple[str, _Limiter]] = [
+    limiters: list[tuple[str, Limiter]] = [
         (f"FixedWindow {RATE}", FixedWindow(RATE, backend=backend, name="demo")),
         (f"SlidingWindow {RATE}", SlidingWindow(RATE, backend=backend, name="demo")),
         ("TokenBucket 1/2s burst=5", TokenBucket("1/2s", burst=5, backend=backend, name="demo")),

@@ -10,13 +10,15 @@
     ├── TokenRejected           a one-shot token was not consumed
     ├── IdempotencyInProgress   the first call with this key still runs (.key, .retry_after)
     ├── IdempotencyKeyMismatch  the key was used with another fingerprint (.key)
+    ├── ResultNotStored         the key's call completed, its result could not be stored
+    │                           (.key, .reason)
     ├── BackendUnavailable      Redis unreachable or too slow (cause chained)
     └── BackendError            the server answered with an error that is not an outage
                                 (a permission, a script error, maxmemory; cause chained)
 
 Bad arguments raise the built-in ``ValueError`` / ``TypeError`` before any I/O. One more
 ``ValueError`` carries data: ``ResultTooLarge`` (an ``@idempotent`` result over its cap;
-.key, .size, .limit), raised after the function ran, with nothing stored.
+.key, .size, .limit), raised by the store before any I/O.
 """
 
 from __future__ import annotations
@@ -86,6 +88,21 @@ class IdempotencyKeyMismatch(AioRateLimitError):
         self.key = key
 
 
+class ResultNotStored(AioRateLimitError):
+    """The first call with this idempotency key completed, but its result could not be
+    stored (not serializable, or over the size cap): the function is not run again, and
+    every later call with the key raises this until the record's ``ttl`` passes."""
+
+    def __init__(self, message: str = "", *, key: str, reason: str) -> None:
+        super().__init__(
+            message
+            or f"the call with idempotency key {key!r} completed, but its result could not be"
+            f" stored ({reason}); it is not run again"
+        )
+        self.key = key
+        self.reason = reason
+
+
 class BackendUnavailable(AioRateLimitError):
     """Redis could not be reached or did not answer in time; the cause is chained."""
 
@@ -97,14 +114,14 @@ class BackendError(AioRateLimitError):
 
 
 class ResultTooLarge(ValueError):
-    """An ``@idempotent`` result, serialized, is over ``max_result_bytes``: nothing was
-    stored and the key was released (the function did run)."""
+    """A result, serialized, is over the store's cap (``max_result_bytes``): refused before
+    any I/O. ``@idempotent`` then records the key as completed without a result
+    (``ResultNotStored`` for later calls)."""
 
     def __init__(self, message: str = "", *, key: str, size: int, limit: int) -> None:
         super().__init__(
             message
-            or f"the result of idempotency key {key!r} is {size} bytes, over the cap of"
-            f" {limit}: nothing was stored and the key was released"
+            or f"the result of idempotency key {key!r} is {size} bytes, over the cap of {limit}"
         )
         self.key = key
         self.size = size

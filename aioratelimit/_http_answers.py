@@ -1,7 +1,9 @@
 """HTTP answers: what the web faces send back once a limiter or a store has decided.
 
 - the IETF ``RateLimit`` / ``RateLimit-Policy`` fields (draft-ietf-httpapi-ratelimit-headers)
-  and ``Retry-After``, computed from a ``Decision``;
+  and ``Retry-After``, computed from a ``Decision``, and on request the legacy
+  ``X-RateLimit-Limit`` / ``-Remaining`` / ``-Reset`` trio;
+- ``Refusal``: a refused request as a ``respond=`` hook sees it, to shape the answer;
 - RFC 9457 problem bodies (``application/problem+json``) and their detail texts, so the ASGI
   middleware and the FastAPI dependencies word a refusal the same way;
 - the throttled WARNING line for a backend outage.
@@ -16,13 +18,14 @@ import json
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
 from ._args import check_key
-from ._asgi_types import Message, Send
-from ._ratelimit import FixedWindow, SlidingWindow, TokenBucket, _Limiter
+from ._asgi_types import ASGIApp, Message, Scope, Send
+from ._ratelimit import FixedWindow, Limiter, SlidingWindow, TokenBucket
 from ._rates import Decision
 
 log = logging.getLogger("aioratelimit")
@@ -31,7 +34,7 @@ log = logging.getLogger("aioratelimit")
 UNAVAILABLE_RETRY_AFTER = 5
 
 
-def check_limiter(limiter: object) -> FixedWindow | SlidingWindow | TokenBucket:
+def check_limiter(limiter: object) -> Limiter:
     """``limiter`` if it is one whose quota the ``RateLimit`` fields can describe."""
     if not isinstance(limiter, (FixedWindow, SlidingWindow, TokenBucket)):
         raise TypeError(
@@ -75,13 +78,13 @@ class Policy:
 
     __slots__ = ("_items", "name", "policy_header")
 
-    def __init__(self, limiter: _Limiter, name: str) -> None:
+    def __init__(self, limiter: Limiter, name: str) -> None:
         kind = check_limiter(limiter)
         quotas: list[tuple[int, int]] = []
         if isinstance(kind, TokenBucket):
             rate = kind.rate
             quotas.append((kind.burst, seconds_header(kind.burst * rate.window / rate.limit)))
-        else:
+        elif isinstance(kind, (FixedWindow, SlidingWindow)):
             quotas.extend((r.limit, seconds_header(r.window)) for r in kind.rates)
         self.name = self.check_name(name)
         if len(quotas) == 1:
@@ -107,28 +110,85 @@ class Policy:
                 return item
         return self._items[0][0]
 
-    def ratelimit(self, decision: Decision) -> bytes:
-        """The ``RateLimit`` field: remaining quota and seconds until it resets.
-
-        For a denied request ``t`` equals ``Retry-After`` (when this cost could pass);
-        otherwise it is when the quota is fully replenished.
-        """
+    @staticmethod
+    def reset_seconds(decision: Decision) -> int:
+        """``t`` of the ``RateLimit`` field: for a denied request when this cost could pass
+        (it equals ``Retry-After``); otherwise when the quota is fully replenished."""
         if decision.allowed:
-            t = _whole(decision.reset_after)
-        else:
-            t = seconds_header(decision.retry_after)
-        item = self._item(decision.limit)
-        return f"{item};r={decision.remaining};t={t}".encode("ascii")
+            return _whole(decision.reset_after)
+        return seconds_header(decision.retry_after)
 
-    def headers(self, decision: Decision) -> list[tuple[bytes, bytes]]:
-        """The fields an admitted or a limited response carries."""
+    def ratelimit(self, decision: Decision) -> bytes:
+        """The ``RateLimit`` field: remaining quota and seconds until it resets."""
+        item = self._item(decision.limit)
+        return f"{item};r={decision.remaining};t={self.reset_seconds(decision)}".encode("ascii")
+
+    def headers(self, decision: Decision, legacy: bool = False) -> list[tuple[bytes, bytes]]:
+        """The fields an admitted or a limited response carries; with ``legacy``, also
+        ``X-RateLimit-Limit``, ``-Remaining`` and ``-Reset`` (a Unix time in whole seconds,
+        as GitHub and most clients read it: when ``t`` of ``RateLimit`` runs out)."""
         fields = [
             (b"ratelimit-policy", self.policy_header),
             (b"ratelimit", self.ratelimit(decision)),
         ]
         if not decision.allowed:
             fields.append(retry_after(decision.retry_after))
+        if legacy:
+            t = self.reset_seconds(decision)
+            fields += [
+                (b"x-ratelimit-limit", str(decision.limit).encode()),
+                (b"x-ratelimit-remaining", str(decision.remaining).encode()),
+                (b"x-ratelimit-reset", str(math.ceil(time.time()) + t).encode()),
+            ]
         return fields
+
+
+# -- refusals users shape ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A request the rate limit refuses, as a ``respond=`` hook is given it.
+
+    ``status`` is 429 (limited) or 503 (the backend is unreachable and the limit fails
+    closed); ``headers`` the fields the default answer carries (lower-case names:
+    ``retry-after`` always, ``ratelimit-policy`` and ``ratelimit`` on a 429, the
+    ``x-ratelimit-*`` trio with ``legacy_headers``); ``retry_after`` the whole seconds of
+    ``Retry-After``; ``detail`` the default problem text; ``decision`` and ``policy`` the
+    denied decision and its policy name (``None`` on a 503); ``scope`` the request's.
+    """
+
+    status: int
+    detail: str
+    headers: dict[str, str]
+    retry_after: int
+    decision: Decision | None
+    policy: str | None
+    scope: Scope
+
+
+def refusal(
+    status: int,
+    detail: str,
+    fields: Sequence[tuple[bytes, bytes]],
+    scope: Scope,
+    decision: Decision | None = None,
+    policy: str | None = None,
+) -> Refusal:
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in fields}
+    return Refusal(status, detail, headers, int(headers["retry-after"]), decision, policy, scope)
+
+
+#: ``respond=`` of the middleware: builds the answer to a refusal, as any ASGI app (a
+#: Starlette ``Response`` is one), sync or async.
+RespondFunc = Callable[[Refusal], ASGIApp | Awaitable[ASGIApp]]
+
+
+def check_respond(respond: object) -> Any:
+    """``respond`` if it is ``None`` or callable."""
+    if respond is not None and not callable(respond):
+        raise TypeError(f"respond must be a callable, not {type(respond).__name__}")
+    return respond
 
 
 # -- problem responses --------------------------------------------------------------------

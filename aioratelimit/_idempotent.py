@@ -1,64 +1,27 @@
 """``@arl.idempotent``: run an async function once per idempotency key and replay its
-result, on the claims of ``_idempotency.IdempotencyStore``; and the serializer it stores
-results with.
+result, on the claims of ``_idempotency.IdempotencyStore``; how a result is recorded and
+read back (the serializer, the return annotation, a result that cannot be stored) is
+``_results.Codec``'s.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import json
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, ParamSpec, Protocol, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 from ._args import check_int, check_key
 from ._backend import Backend
 from ._errors import BackendUnavailable, IdempotencyInProgress
 from ._idempotency import MAX_RESULT_BYTES, Claimed, IdempotencyStore, InProgress, Replay
+from ._results import JSON, RECORD_OVERHEAD, Codec, Serializer
 
 log = logging.getLogger("aioratelimit")
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-class Serializer(Protocol):
-    """How results are stored: ``dumps(obj) -> bytes | str`` and ``loads(bytes) -> obj``.
-
-    Any object (or module, like ``pickle``) with these two functions fits.
-    """
-
-    def dumps(self, obj: Any, /) -> bytes | str: ...
-
-    def loads(self, data: bytes, /) -> Any: ...
-
-
-class JsonSerializer:
-    """The default serializer: compact UTF-8 JSON."""
-
-    __slots__ = ()
-
-    # One encoder and decoder for all calls: json.dumps/loads with options build a new one
-    # each time, and json.loads of bytes first sniffs their encoding (replays are hot).
-    _encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
-    _decoder = json.JSONDecoder()
-
-    def dumps(self, obj: Any, /) -> bytes:
-        return self._encoder.encode(obj).encode()
-
-    def loads(self, data: bytes, /) -> Any:
-        text = data.decode()
-        obj, end = self._decoder.raw_decode(text)
-        if end != len(text):
-            raise json.JSONDecodeError("extra data after the stored result", text, end)
-        return obj
-
-    def __repr__(self) -> str:
-        return "<JsonSerializer>"
-
-
-JSON = JsonSerializer()
 
 
 def idempotent(
@@ -86,15 +49,21 @@ def idempotent(
     used with another fingerprint raises ``IdempotencyKeyMismatch`` and runs nothing.
 
     If the function raises, or the call is cancelled, nothing is stored and the key is free
-    at once; if the process dies, once the lease has passed. A result whose serialization
-    is over ``max_result_bytes`` raises ``ResultTooLarge`` (a ``ValueError``) after the
-    function ran, stores nothing and frees the key. ``name`` gives the keys a namespace of
-    their own (two decorated functions sharing key strings need different names).
+    at once; if the process dies, once the lease has passed. ``name`` gives the keys a
+    namespace of their own (two decorated functions sharing key strings need different names).
 
-    The caller that ran the function gets its return value itself; replays get
-    ``serializer.loads(serializer.dumps(value))`` (JSON turns tuples into lists). If Redis is
-    unreachable when a call starts, ``BackendUnavailable`` is raised and nothing runs; if it
-    is unreachable when the result is to be stored, the caller still gets the result (a
+    The default JSON also stores pydantic v2 models and dataclasses, and a replay is rebuilt
+    into the function's return annotation (``-> Receipt`` replays a ``Receipt``; ``list[...]``,
+    ``dict[str, ...]``, ``tuple[...]`` and ``X | None`` of them too). An annotation naming a
+    type JSON cannot hold (``datetime``, ``set``, a plain class) raises ``TypeError`` before
+    anything runs. A result that still cannot be stored (its serialization fails, is over
+    ``max_result_bytes`` or does not read back) is returned to its caller, logged, and the
+    key is recorded as completed without a result: later calls raise ``ResultNotStored``
+    and never run the function again.
+
+    The caller that ran the function gets its return value itself. If Redis is unreachable
+    when a call starts, ``BackendUnavailable`` is raised and nothing runs; if it is
+    unreachable when the result is to be stored, the caller still gets the result (a
     warning is logged) and a later call runs the function again.
     """
     if not (isinstance(key, str) or callable(key)):
@@ -106,35 +75,38 @@ def idempotent(
     if not all(callable(getattr(serializer, m, None)) for m in ("dumps", "loads")):
         raise TypeError("serializer must have dumps(obj) and loads(data) methods")
     check_int(max_result_bytes, "max_result_bytes")
-    store = IdempotencyStore(backend, ttl=ttl, lease=lease, name=name, max_bytes=max_result_bytes)
+    # The codec checks the result's size itself; the store's cap leaves room for the framing.
+    store = IdempotencyStore(
+        backend, ttl=ttl, lease=lease, name=name, max_bytes=max_result_bytes + RECORD_OVERHEAD
+    )
     key_of, fixed_key = (None, key) if isinstance(key, str) else (key, "")
-    loads = serializer.loads
 
     def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"@idempotent decorates an async function, not {fn!r}")
+        codec = Codec(fn, serializer, max_result_bytes)  # may refuse the return annotation
 
         @functools.wraps(fn)
         async def once(*args: P.args, **kwargs: P.kwargs) -> R:
             k = key_of(*args, **kwargs) if key_of is not None else fixed_key
             fp = None if fingerprint is None else fingerprint(*args, **kwargs)
+            codec.check()  # an annotation left unresolved at decoration: before any claim
             outcome = await store.claim(k, fp)
             if type(outcome) is Replay:  # the hot path first
-                return cast(R, loads(outcome.payload))
+                return cast(R, codec.replay(k, outcome.payload))
             if isinstance(outcome, InProgress):
                 if not wait:
                     raise IdempotencyInProgress(key=k, retry_after=outcome.retry_after)
                 outcome = await store.wait(k, fp)
                 if isinstance(outcome, Replay):
-                    return cast(R, loads(outcome.payload))
+                    return cast(R, codec.replay(k, outcome.payload))
             assert isinstance(outcome, Claimed)
             async with store.running(outcome):
                 result = await fn(*args, **kwargs)
-                data = serializer.dumps(result)
-                if isinstance(data, str):
-                    data = data.encode()
+                # From here on the function has run: whatever the result, the key completes.
+                record = codec.record(k, result)
                 try:
-                    stored = await store.complete(outcome, data)
+                    stored = await store.complete(outcome, record)
                 except BackendUnavailable as exc:
                     # The function ran: its caller gets the result. A retry runs it again
                     # once the key is released (below) or its lease passes.

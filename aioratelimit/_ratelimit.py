@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
@@ -28,8 +28,13 @@ R = TypeVar("R")
 MAX_BUCKETS = 1000
 
 
-class _Limiter:
-    """What the three limiters share; a subclass names its script, kind and arguments."""
+class Limiter:
+    """The common base of ``FixedWindow``, ``SlidingWindow`` and ``TokenBucket``: annotate
+    with it where any of the three will do (``hit``, ``peek``, ``reset``, ``acquire``,
+    ``async with limiter(key)`` and ``@limiter.limit`` are the same on all three).
+
+    Not instantiated itself; a subclass names its script, kind and arguments.
+    """
 
     __slots__ = ("_args", "_backend", "_head_id", "_max_cost", "_suffixes", "name")
 
@@ -37,6 +42,8 @@ class _Limiter:
     _kind: str
 
     def __init__(self, backend: Backend | None, name: str | None) -> None:
+        if type(self) is Limiter:
+            raise TypeError("Limiter is a base: use FixedWindow, SlidingWindow or TokenBucket")
         if backend is not None and not isinstance(backend, Backend):
             raise TypeError(f"backend must be a Backend, not {type(backend).__name__}")
         if name is not None:
@@ -136,10 +143,11 @@ class _Limiter:
         cost: int = 1,
         wait: bool = False,
         timeout: float | None = None,
-    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Coroutine[Any, Any, R]]]:
         """Decorate an async function so each call first takes a hit for ``key``.
 
         ``key`` is a string, or a callable given the function's arguments that returns one.
+        The decorated function is a coroutine function (``asyncio.create_task(job(1))``).
         """
         if not (isinstance(key, str) or callable(key)):
             raise TypeError(f"key must be a str or a callable, not {type(key).__name__}")
@@ -148,7 +156,7 @@ class _Limiter:
         self._check_cost(cost)
         check_timeout(timeout)
 
-        def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
             @functools.wraps(fn)
             async def limited(*args: P.args, **kwargs: P.kwargs) -> R:
                 k = key(*args, **kwargs) if callable(key) else key
@@ -161,12 +169,13 @@ class _Limiter:
 
 
 class Admission:
-    """``async with limiter(key, ...)``: enter takes the hit (or raises ``RateLimited``)."""
+    """``async with limiter(key, ...) as decision``: entering takes the hit (and waits, with
+    ``wait=True``) or raises ``RateLimited``; leaving gives nothing back."""
 
     __slots__ = ("_cost", "_key", "_limiter", "_timeout", "_wait")
 
     def __init__(
-        self, limiter: _Limiter, key: str, cost: int, wait: bool, timeout: float | None
+        self, limiter: Limiter, key: str, cost: int, wait: bool, timeout: float | None
     ) -> None:
         self._limiter, self._key, self._cost = limiter, key, cost
         self._wait, self._timeout = wait, timeout
@@ -199,7 +208,7 @@ def _rates(rates: Sequence[Any]) -> tuple[Rate, ...]:
     return parsed
 
 
-class FixedWindow(_Limiter):
+class FixedWindow(Limiter):
     """At most ``limit`` hits per window; each window starts at the key's first admitted hit.
 
     Cheapest in memory (one integer key per rate) but allows up to twice the limit across
@@ -221,7 +230,7 @@ class FixedWindow(_Limiter):
         return f"<FixedWindow {', '.join(map(str, self.rates))} name={self.name!r}>"
 
 
-class SlidingWindow(_Limiter):
+class SlidingWindow(Limiter):
     """Never more than ``limit`` hits (by cost) in ANY interval of length ``window``.
 
     Each window is cut into ``buckets`` sub-window counters; the oldest, partly expired
@@ -256,7 +265,7 @@ class SlidingWindow(_Limiter):
         return f"<SlidingWindow {rates} buckets={self.buckets} name={self.name!r}>"
 
 
-class TokenBucket(_Limiter):
+class TokenBucket(Limiter):
     """GCRA: a steady ``rate``, with bursts of up to ``burst`` hits (default: the rate's limit).
 
     A full bucket holds ``burst`` tokens and refills one token every ``window / limit``

@@ -3,20 +3,24 @@
 A key function takes the scope and returns the key a limiter counts under (or ``None``:
 not limited). ``client_ip``, ``header``, ``path_param`` and ``user_id`` build them; both
 middlewares and the FastAPI dependencies call them through ``resolve``, which takes sync and
-async ones alike. ``asgi.py`` and ``fastapi.py`` re-export the four builders. Reads
-``_routes`` (for ``path_param``), and no answer or middleware module.
+async ones alike. ``asgi.py`` and ``fastapi.py`` re-export the four builders. A key name
+never holds a credential: ``header`` stores a digest of ``Authorization``, ``Cookie`` and
+key- or token-like headers (``is_credential``). Reads ``_routes`` (for ``path_param``), and
+no answer or middleware module.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import inspect
 import ipaddress
+import re
 from collections.abc import Awaitable, Callable, Iterable
 
 from ._args import check_int, check_key
 from ._asgi_types import Scope
-from ._routes import Template
+from ._routes import Template, route_path
 
 #: A key function: the ASGI scope in, the key to count under out (or awaitable of it).
 #: ``None`` means "this request is not limited by this rule".
@@ -158,8 +162,63 @@ def client_ip(
     return key
 
 
-def header(name: str, *, fallback: KeyFunc | None = None) -> KeyFunc:
-    """A key function: the value of request header ``name``, ``"hdr:<name>:<value>"``.
+#: Headers that always carry a secret: their value is never stored, whatever ``digest=`` says.
+ALWAYS_SECRET = frozenset({"authorization", "proxy-authorization", "cookie"})
+#: A header whose name has one of these words is taken for a credential (``X-API-Key``,
+#: ``X-Auth-Token``, ``X-Session``...): by default only a digest of its value is stored.
+_SECRET_WORDS = re.compile(r"key|token|secret|auth|session|passw|credential|signature|cookie")
+#: Hex digits of a digest kept in the key: 128 bits, so two clients practically never share.
+_DIGEST_HEX = 32
+
+
+def is_credential(name: str) -> bool:
+    """Whether header ``name`` is taken for a credential (its value stored as a digest)."""
+    name = name.lower()
+    return name in ALWAYS_SECRET or _SECRET_WORDS.search(name) is not None
+
+
+def _digester(secret: str | bytes | None) -> Callable[[str], str]:
+    """``value -> "sha256:<hex>"``, or with ``secret`` ``"hmac:<hex>"`` (HMAC-SHA256)."""
+    if secret is None:
+
+        def plain(value: str) -> str:
+            digest = hashlib.sha256(value.encode("latin-1", "replace")).hexdigest()
+            return f"sha256:{digest[:_DIGEST_HEX]}"
+
+        return plain
+    if isinstance(secret, str):
+        secret = secret.encode()
+    if not isinstance(secret, bytes):
+        raise TypeError(f"secret must be str or bytes, not {type(secret).__name__}")
+    if len(secret) < 16:
+        raise ValueError("secret must be at least 16 bytes (a random key, e.g. from secrets)")
+    mac_key = secret
+
+    def keyed(value: str) -> str:
+        mac = hmac.new(mac_key, value.encode("latin-1", "replace"), hashlib.sha256)
+        return f"hmac:{mac.hexdigest()[:_DIGEST_HEX]}"
+
+    return keyed
+
+
+def header(
+    name: str,
+    *,
+    fallback: KeyFunc | None = None,
+    digest: bool | None = None,
+    secret: str | bytes | None = None,
+) -> KeyFunc:
+    """A key function: request header ``name``, ``"hdr:<name>:<value>"``.
+
+    A header that carries a credential is never stored as it is: key names are visible to
+    anyone with ``SCAN``, ``MONITOR`` or the slow log. For ``Authorization``,
+    ``Proxy-Authorization``, ``Cookie``, and by default for every header whose name has
+    ``key``, ``token``, ``secret``, ``auth``, ``session``, ``passw``, ``credential`` or
+    ``signature`` in it, the key holds a digest instead, ``"hdr:<name>:sha256:<hex>"``
+    (128 bits of SHA-256). With ``secret`` (at least 16 bytes, the same in every process),
+    a keyed HMAC-SHA256, ``"hdr:<name>:hmac:<hex>"``: who reads the key names cannot test
+    guesses of a short credential either. ``digest=True`` digests any header;
+    ``digest=False`` keeps a non-secret value readable (refused for the three above).
 
     Without the header, ``fallback(scope)`` if given (e.g. ``client_ip()``), else one bucket
     shared by every request that lacks it (``"hdr:<name>:-"``).
@@ -167,11 +226,19 @@ def header(name: str, *, fallback: KeyFunc | None = None) -> KeyFunc:
     check_key(name, "name")
     raw = name.lower().encode("latin-1")
     label = name.lower()
+    if digest is not None and not isinstance(digest, bool):
+        raise TypeError(f"digest must be a bool or None, not {type(digest).__name__}")
+    if digest is False and label in ALWAYS_SECRET:
+        raise ValueError(f"{name} carries credentials: its value is only ever stored digested")
+    if digest is False and secret is not None:
+        raise ValueError("secret= keys a digest: it needs digest=True or None")
+    hashed = (is_credential(label) or secret is not None) if digest is None else digest
+    encode = _digester(secret) if hashed else _compact
 
     async def key(scope: Scope) -> str | None:
         value = header_value(scope, raw)
         if value:
-            return f"hdr:{label}:{_compact(value)}"
+            return f"hdr:{label}:{encode(value)}"
         if fallback is not None:
             return await resolve(fallback, scope)
         return f"hdr:{label}:-"
@@ -192,7 +259,7 @@ def path_param(name: str, template: str, *, fallback: KeyFunc | None = None) -> 
         raise ValueError(f"template {template!r} has no parameter {name!r}")
 
     async def key(scope: Scope) -> str | None:
-        params = tpl.match(scope.get("path", ""))
+        params = tpl.match(route_path(scope)) if "path" in scope else None
         if params is not None and params[name]:
             return f"path:{name}:{_compact(params[name])}"
         if fallback is not None:
@@ -215,7 +282,7 @@ def user_id(scope_key: str = "user", *, fallback: KeyFunc | None = None) -> KeyF
 
     async def key(scope: Scope) -> str | None:
         user = scope.get(scope_key)
-        ident = _identity(user)
+        ident = identity(user)
         if ident:
             return f"user:{_compact(ident)}"
         if fallback is not None:
@@ -226,7 +293,9 @@ def user_id(scope_key: str = "user", *, fallback: KeyFunc | None = None) -> KeyF
     return key
 
 
-def _identity(user: object) -> str | None:
+def identity(user: object) -> str | None:
+    """The id of an authenticated user (``None`` if anonymous): a str or int, or an object's
+    ``identity``, ``id`` or ``username``; ``TypeError`` for anything else."""
     if user is None or getattr(user, "is_authenticated", True) is False:
         return None
     if isinstance(user, (str, int)) and not isinstance(user, bool):

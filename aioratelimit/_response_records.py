@@ -9,7 +9,7 @@ answers a later request with it. Only ``_asgi_idempotency`` uses this module.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ._asgi_types import Message, Send
 
@@ -87,9 +87,11 @@ class Recorder:
             self.overflow = True
         await self.send(message)
 
-    def storable(self) -> bool:
-        """A complete, non-5xx response within the size cap."""
-        return self.complete and not self.overflow and self.status is not None and self.status < 500
+    def storable(self, stored: Callable[[int], bool]) -> bool:
+        """A complete response within the size cap whose status is one to ``stored``."""
+        return (
+            self.complete and not self.overflow and self.status is not None and stored(self.status)
+        )
 
     def payload(self) -> bytes:
         """The recorded response, encoded for the store (only once ``storable()``)."""

@@ -1,8 +1,11 @@
-"""Which requests a setting covers: path templates and HTTP method sets.
+"""Which requests a setting covers: path templates, the path they are matched against,
+and HTTP method sets.
 
 ``Rule``, ``exempt=`` and ``require=`` name paths as templates (``/orders/{id}``,
 ``/files/{rest:path}``), compiled to regexes once at start-up; ``path_param`` reads a
-parameter out of one. A leaf of the web layer: it imports nothing of the package.
+parameter out of one. Templates are matched against ``route_path(scope)``: the path inside
+the application, as Starlette's router matches it (without a mount prefix or the server's
+``root_path``). Imports nothing of the package but ``_asgi_types``.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from ._asgi_types import Scope
 
 _PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::(path|str))?\}")
 
@@ -45,6 +50,24 @@ class Template:
     def match(self, path: str) -> dict[str, str] | None:
         m = self.regex.fullmatch(path)
         return None if m is None else m.groupdict()
+
+
+def route_path(scope: Scope) -> str:
+    """The request's path inside the application: ``scope["path"]`` less ``root_path``.
+
+    ASGI servers (uvicorn ``--root-path``) and Starlette's ``Mount`` put the prefix in both
+    ``root_path`` and ``path``; this strips it as Starlette's ``get_route_path`` does (the
+    prefix alone is ``"/"``), so ``exempt=["/health"]`` covers ``/api/health`` under
+    ``Mount("/api", ...)``.
+    """
+    path: str = scope["path"]
+    root = scope.get("root_path") or ""
+    if not root or not path.startswith(root):
+        return path
+    if len(path) == len(root):
+        return "/"
+    # "/api" is not a prefix of "/apiary": only a whole segment counts.
+    return path[len(root) :] if path[len(root)] == "/" else path
 
 
 def templates(paths: Iterable[str] | str) -> tuple[Template, ...]:

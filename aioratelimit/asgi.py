@@ -15,24 +15,51 @@ imports no web framework.
         exempt=["/health"],
     )
     app = IdempotencyMiddleware(app, require=["/payments"])
+
+Type aliases for code that plugs into it: ``Scope``, ``Receive``, ``Send``, ``Message`` and
+``ASGIApp`` (the ASGI shapes), ``KeyFunc`` (``key=``), ``LimiterFunc`` and ``Choice``
+(a limiter picked per request), ``RespondFunc`` and ``Refusal`` (``respond=``),
+``FingerprintFunc`` (``fingerprint=``).
 """
 
 from __future__ import annotations
 
 # Defined in this module before the web layer was split; still importable from here.
 from ._asgi_idempotency import MAX_IDEMPOTENCY_KEY as MAX_IDEMPOTENCY_KEY
-from ._asgi_idempotency import IdempotencyMiddleware
+from ._asgi_idempotency import (
+    STORED,
+    FingerprintFunc,
+    IdempotencyMiddleware,
+    request_fingerprint,
+)
 from ._asgi_idempotency import parse_idempotency_key as parse_idempotency_key
 from ._asgi_ratelimit import RateLimitMiddleware, Rule
+from ._asgi_types import ASGIApp, Message, Receive, Scope, Send
+from ._http_answers import Refusal, RespondFunc
+from ._limit_plans import Choice, LimiterFunc
 from ._request_keys import KeyFunc, client_ip, header, path_param, user_id
+from ._routes import route_path
 
 __all__ = [
+    "ASGIApp",
+    "Choice",
+    "FingerprintFunc",
     "IdempotencyMiddleware",
     "KeyFunc",
+    "LimiterFunc",
+    "Message",
     "RateLimitMiddleware",
+    "Receive",
+    "Refusal",
+    "RespondFunc",
     "Rule",
+    "STORED",
+    "Scope",
+    "Send",
     "client_ip",
     "header",
     "path_param",
+    "request_fingerprint",
+    "route_path",
     "user_id",
 ]

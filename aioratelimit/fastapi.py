@@ -1,7 +1,8 @@
-"""FastAPI dependencies: a rate limit and a one-shot token check, per endpoint.
+"""FastAPI dependencies: a rate limit, a one-shot token check and an ``Idempotency-Key``,
+per endpoint.
 
-Needs the ``web`` extra (``pip install 'aioratelimit[web]'``); ``import aioratelimit`` alone
-never imports FastAPI. Neither dependency needs a ``request`` parameter in the endpoint::
+Needs the ``web`` extra (``pip install '.[web]'`` in a checkout); ``import aioratelimit``
+alone never imports FastAPI. No dependency needs a ``request`` parameter in the endpoint::
 
     from fastapi import Depends, FastAPI
     from aioratelimit.fastapi import ConsumeToken, RateLimit, add_problem_handler, client_ip
@@ -15,6 +16,9 @@ never imports FastAPI. Neither dependency needs a ``request`` parameter in the e
     @app.post("/confirm")
     async def confirm(token: str = Depends(ConsumeToken(header="X-Token"))) -> dict[str, str]: ...
 
+``Depends(IdempotencyKey(principal=current_account))`` gives an ``IdempotentRequest``
+whose ``await idem.run(charge, ...)`` runs once per account and key (``_fastapi_idempotency``).
+
 Rejections are raised as ``ProblemException`` (an ``HTTPException``): FastAPI's default
 handler answers ``{"detail": ...}`` as JSON with the status and headers; after
 ``add_problem_handler(app)`` the body is an RFC 9457 ``application/problem+json`` document,
@@ -23,31 +27,49 @@ exactly what ``aioratelimit.asgi`` middleware sends.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+from collections.abc import Awaitable, Callable
 
-from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi import Request, Response
 
+from ._asgi_types import ASGIApp, Message, Receive, Scope, Send
 from ._backend import Backend
 from ._errors import BackendUnavailable
+from ._fastapi_idempotency import IdempotencyKey, IdempotentRequest
+from ._fastapi_problems import ProblemException, add_problem_handler, unavailable
 from ._http_answers import (
     UNAVAILABLE_RETRY_AFTER,
     OutageLog,
-    Policy,
-    check_limiter,
+    Refusal,
+    check_respond,
     exceeded_detail,
-    problem_body,
+    refusal,
+    retry_after,
     seconds_header,
     unavailable_detail,
 )
-from ._ratelimit import _Limiter
+from ._limit_plans import Choice, LimiterFunc, Plan
+from ._ratelimit import Limiter
 from ._rates import Decision
 from ._request_keys import KeyFunc, check_key_func, client_ip, header, path_param, resolve, user_id
 from ._tokens import consume_token
 
 __all__ = [
+    "ASGIApp",
+    "Choice",
     "ConsumeToken",
+    "IdempotencyKey",
+    "IdempotentRequest",
+    "KeyFunc",
+    "LimiterFunc",
+    "Message",
     "ProblemException",
     "RateLimit",
+    "Receive",
+    "Refusal",
+    "RespondFunc",
+    "Scope",
+    "Send",
     "add_problem_handler",
     "client_ip",
     "header",
@@ -55,98 +77,103 @@ __all__ = [
     "user_id",
 ]
 
-
-class ProblemException(HTTPException):
-    """An ``HTTPException`` that ``add_problem_handler`` renders as a problem document."""
-
-    def __init__(
-        self, status_code: int, detail: str, headers: Mapping[str, str] | None = None
-    ) -> None:
-        super().__init__(status_code, detail, dict(headers) if headers else None)
-        self.problem = problem_body(status_code, detail)
-
-
-async def _render_problem(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ProblemException)
-    return Response(
-        exc.problem,
-        status_code=exc.status_code,
-        headers=exc.headers,
-        media_type="application/problem+json",
-    )
-
-
-def add_problem_handler(app: FastAPI) -> None:
-    """Render every ``ProblemException`` as ``application/problem+json`` (RFC 9457)."""
-    app.add_exception_handler(ProblemException, _render_problem)
-
-
-def _unavailable(what: str, retry_after: float) -> ProblemException:
-    return ProblemException(
-        503,
-        unavailable_detail(what),
-        {"Retry-After": str(seconds_header(retry_after))},
-    )
+#: ``respond=`` of the dependency: builds the answer to a refusal (a Starlette or FastAPI
+#: ``Response``), sync or async; rendered by ``add_problem_handler``.
+RespondFunc = Callable[[Refusal], Response | Awaitable[Response]]
 
 
 class RateLimit:
     """``Depends(RateLimit(limiter, key=client_ip()))``: one hit per request of the endpoint.
 
-    Admitted: the response gets ``RateLimit-Policy`` and ``RateLimit`` fields, and the
+    Admitted: the response gets ``RateLimit-Policy`` and ``RateLimit`` fields (and with
+    ``legacy_headers=True`` ``X-RateLimit-Limit``, ``-Remaining`` and ``-Reset``), and the
     dependency's value is the ``Decision``. Denied: ``ProblemException`` 429 with
     ``Retry-After``, ``RateLimit-Policy`` and ``RateLimit``. ``key(scope)`` is the same kind
-    of key function the middleware takes (sync or async; ``None`` = not limited). The
-    policy is named ``policy_name``, else the limiter's ``name``, else ``"default"`` (give
-    it a name of its own when the middleware limits the same route). Backend
-    unreachable: 503 with ``Retry-After``, or with ``fail_open=True`` the endpoint runs;
-    a WARNING either way.
+    of key function the middleware takes (sync or async; ``None`` = not limited); so is
+    ``limiter``, which may be a function of the scope that picks the limiter (and the cost)
+    per request: tiers. The policy is named ``policy_name``, else the limiter's ``name``,
+    else ``"default"`` (give it a name of its own when the middleware limits the same route).
+    Backend unreachable: 503 with ``Retry-After``, or with ``fail_open=True`` the endpoint
+    runs; a WARNING either way. ``respond(refusal)`` (sync or async) builds the 429/503
+    ``Response`` itself; ``add_problem_handler(app)`` sends it.
 
     Headers set by a dependency reach the client unless the endpoint returns a ``Response``
     object itself (FastAPI's rule); use the middleware for such endpoints.
     """
 
-    __slots__ = ("_outage", "_retry_unavailable", "cost", "fail_open", "key", "limiter", "policy")
+    __slots__ = (
+        "_outage",
+        "_retry_unavailable",
+        "fail_open",
+        "key",
+        "legacy_headers",
+        "plan",
+        "respond",
+    )
 
     def __init__(
         self,
-        limiter: _Limiter,
+        limiter: Limiter | LimiterFunc,
         *,
         key: KeyFunc | None = None,
         cost: int = 1,
         policy_name: str | None = None,
         fail_open: bool = False,
         unavailable_retry_after: float = UNAVAILABLE_RETRY_AFTER,
+        legacy_headers: bool = False,
+        respond: RespondFunc | None = None,
     ) -> None:
-        self.limiter = check_limiter(limiter)
         self.key = check_key_func(key, "key") or client_ip()
-        self.cost = limiter._check_cost(cost)
-        self.policy = Policy(limiter, policy_name or limiter.name or "default")
+        self.plan = Plan(limiter, self.key, cost, policy_name, "default")
         self.fail_open = bool(fail_open)
+        self.legacy_headers = bool(legacy_headers)
+        self.respond = check_respond(respond)
         self._retry_unavailable = seconds_header(unavailable_retry_after)
         self._outage = OutageLog("RateLimit dependency")
 
     async def __call__(self, request: Request, response: Response) -> Decision | None:
-        key = await resolve(self.key, request.scope)
-        if key is None:
+        scope = request.scope
+        pick = await self.plan.pick(scope)
+        key = None if pick is None else await resolve(pick.key, scope)
+        if pick is None or key is None:
             return None
         try:
-            decision = await self.limiter.hit(key, self.cost)
+            decision = await pick.limiter.hit(key, pick.cost)
         except BackendUnavailable as exc:
             self._outage(exc, self.fail_open)
             if self.fail_open:
                 return None
-            raise _unavailable("rate limit", self._retry_unavailable) from exc
-        fields = self.policy.headers(decision)
+            if self.respond is None:
+                raise unavailable("rate limit", self._retry_unavailable) from exc
+            fields = [retry_after(self._retry_unavailable)]
+            raise await self._refuse(
+                refusal(503, unavailable_detail("rate limit"), fields, scope)
+            ) from exc
+        fields = pick.policy.headers(decision, self.legacy_headers)
         if not decision.allowed:
-            raise ProblemException(
-                429, exceeded_detail(decision), {k.decode(): v.decode() for k, v in fields}
+            detail = exceeded_detail(decision)
+            if self.respond is None:
+                raise ProblemException(429, detail, {k.decode(): v.decode() for k, v in fields})
+            raise await self._refuse(
+                refusal(429, detail, fields, scope, decision, pick.policy.name)
             )
         for k, v in fields:
             response.headers.append(k.decode(), v.decode())
         return decision
 
+    async def _refuse(self, refused: Refusal) -> ProblemException:
+        answer = self.respond(refused)
+        if inspect.isawaitable(answer):
+            answer = await answer
+        if not isinstance(answer, Response):
+            raise TypeError(f"respond must return a Response, not {type(answer).__name__}")
+        # Without add_problem_handler, FastAPI's own handler still sends status and headers.
+        return ProblemException(
+            answer.status_code, refused.detail, refused.headers, response=answer
+        )
+
     def __repr__(self) -> str:
-        return f"<RateLimit {self.limiter!r} cost={self.cost} fail_open={self.fail_open}>"
+        return f"<RateLimit {self.plan!r} fail_open={self.fail_open}>"
 
 
 class ConsumeToken:
@@ -215,7 +242,7 @@ class ConsumeToken:
             ok = await consume_token(token, subject, self.backend)
         except BackendUnavailable as exc:
             self._outage(exc, False)
-            raise _unavailable("token", UNAVAILABLE_RETRY_AFTER) from exc
+            raise unavailable("token", UNAVAILABLE_RETRY_AFTER) from exc
         if not ok:
             raise ProblemException(403, "the token is unknown, expired, already used or not yours")
         return token

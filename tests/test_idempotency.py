@@ -245,45 +245,6 @@ async def test_lease_is_renewed_while_the_call_runs(backend: arl.Backend, key: s
     assert await store.claim(key) == Replay(key, b"7")
 
 
-async def test_result_over_the_size_cap_stores_nothing_and_frees_the_key(
-    backend: arl.Backend, key: str
-) -> None:
-    """A result over max_result_bytes raises ResultTooLarge (a ValueError) and frees the key."""
-    size = 200
-
-    @arl.idempotent(key=lambda: key, max_result_bytes=100, backend=backend)
-    async def report() -> str:
-        return "x" * size
-
-    with pytest.raises(ValueError, match="over the cap of 100") as info:
-        await report()
-    assert isinstance(info.value, arl.ResultTooLarge)
-    assert (info.value.key, info.value.size, info.value.limit) == (key, 202, 100)
-    assert await backend.run(_scripts.DELETE, [record_key(backend, key)], []) == 0
-    size = 10
-    assert await report() == "x" * 10
-    assert await report() == "x" * 10
-
-
-async def test_unserializable_result_stores_nothing_and_frees_the_key(
-    backend: arl.Backend, key: str
-) -> None:
-    """A result JSON cannot hold raises TypeError and leaves the key free."""
-    calls = 0
-
-    @arl.idempotent(key=lambda: key, backend=backend)
-    async def odd() -> object:
-        nonlocal calls
-        calls += 1
-        return {1, 2} if calls == 1 else [1, 2]
-
-    with pytest.raises(TypeError):
-        await odd()
-    assert await odd() == [1, 2]
-    assert await odd() == [1, 2]
-    assert calls == 2
-
-
 async def test_pluggable_serializer(backend: arl.Backend, key: str) -> None:
     """Any object with dumps/loads stores results, e.g. the pickle module."""
 

@@ -19,8 +19,11 @@ FLOORS: list[tuple[str, set[str]]] = [
     (
         "web support",
         {
+            "_fastapi_idempotency",
+            "_fastapi_problems",
             "_asgi_ratelimit",
             "_asgi_idempotency",
+            "_limit_plans",
             "_response_records",
             "_http_answers",
             "_request_keys",
@@ -28,7 +31,10 @@ FLOORS: list[tuple[str, set[str]]] = [
             "_asgi_types",
         },
     ),
-    ("primitives", {"_ratelimit", "_lock", "_lease", "_idempotency", "_idempotent", "_tokens"}),
+    (
+        "primitives",
+        {"_ratelimit", "_lock", "_lease", "_idempotency", "_idempotent", "_results", "_tokens"},
+    ),
     ("backend", {"_backend"}),
     ("stores", set()),  # every module of _stores/
     ("wake-ups", {"_notify"}),
