@@ -210,9 +210,10 @@ async def test_resets_never_let_two_hold_a_lock(proxy: FaultProxy, key: str) -> 
     the order they were granted."""
     async with _backend(proxy.url) as backend:
         lock = arl.Lock(key, ttl=1, backend=backend)  # a lost release frees it soon
-        proxy.chaos(random.Random(1789), replies=(1, 15), into=(0, 40))
+        # Cuts far enough apart that some writes (a batch and its tag) get through.
+        proxy.chaos(random.Random(1789), replies=(8, 40), into=(0, 40))
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + 3.0
+        deadline = loop.time() + 4.0
         holder: int | None = None
         overlaps = 0
         fences: list[int] = []
@@ -241,7 +242,7 @@ async def test_resets_never_let_two_hold_a_lock(proxy: FaultProxy, key: str) -> 
         proxy.passthrough()
         assert overlaps == 0
         assert all(a < b for a, b in itertools.pairwise(fences)), fences
-        assert len(fences) >= 10, fences
+        assert len(fences) >= 5, fences  # (a lost release costs its 1 s TTL)
         assert proxy.stats().resets >= 3
         lease = await lock.acquire(timeout=BOUND)  # and the lock is whole afterwards
         await lease.release()

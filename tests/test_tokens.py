@@ -187,4 +187,5 @@ async def test_consume_and_issue_are_one_round_trip_each(own_redis: RedisServer)
     calls = {name.removeprefix("cmdstat_"): v["calls"] for name, v in stats.items()}
     calls.pop("config|resetstat", None)
     # EVALSHA at the top; TIME, SET inside token_issue; GET, DEL inside token_consume.
-    assert calls == {"evalsha": 10, "time": 5, "set": 5, "get": 5, "del": 5}
+    # One EVALSHA per call, each write closed by the wire's ECHO tag (same round trip).
+    assert calls == {"evalsha": 10, "echo": 10, "time": 5, "set": 5, "get": 5, "del": 5}
