@@ -185,6 +185,10 @@ def report(reps: list[dict[str, float]], has_c: bool, has_cluster: bool) -> None
     c50 = col("C -c 50") if has_c else []
     rows: list[list[str]] = []
 
+    def raw_of(key: str) -> str:
+        """The raw floor's figure with as many tasks as ``key``'s."""
+        return "raw|" + key.rpartition("|")[2]
+
     def row(label: str, key: str, us: bool = False) -> None:
         xs = col(key)
         rows.append([
@@ -193,7 +197,7 @@ def report(reps: list[dict[str, float]], has_c: bool, has_cluster: bool) -> None
             with_spread(xs, 0),
             ratio(paired_ratio(xs, c1)) if c1 else "-",
             ratio(paired_ratio(xs, c50)) if c50 else "-",
-            ratio(paired_ratio(xs, col("raw|seq" if key.endswith("|seq") else "raw|64"))),
+            ratio(paired_ratio(xs, col(raw_of(key)))) if raw_of(key) in reps[0] else "-",
         ])  # fmt: skip
 
     if has_c:
