@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import RedisServer
+from servers import RedisServer
 
 import aioratelimit as arl
 

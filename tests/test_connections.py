@@ -12,8 +12,8 @@ import asyncio
 import random
 
 import pytest
-from conftest import RedisServer
 from redis.asyncio.connection import Connection
+from servers import RedisServer
 
 import aioratelimit as arl
 from aioratelimit._backend import Gate

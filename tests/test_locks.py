@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aredis
-from conftest import RedisServer
+from servers import RedisServer
 
 import aioratelimit as arl
 from aioratelimit import _keys, _scripts

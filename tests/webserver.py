@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import uvicorn
-from conftest import free_port
+from servers import free_port
 
 import aioratelimit as arl
 
