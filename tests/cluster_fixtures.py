@@ -27,7 +27,7 @@ from pathlib import Path
 import redis
 import redis.cluster
 import redis.sentinel
-from servers import REDIS_SERVER, RedisServer, free_port, scratch_dir
+from servers import REDIS_SERVER, RedisServer, check_permitted, free_port, scratch_dir
 
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
 SERVICE = "arl-test"
@@ -85,6 +85,7 @@ class RedisClusterDeployment:
                 "--repl-diskless-sync-delay", "0",
                 # A replica that lost its master for a moment may still be promoted.
                 "--cluster-replica-validity-factor", "0",
+                kind="cluster",
             )  # fmt: skip
             self.nodes.append(node)
 
@@ -192,6 +193,7 @@ class _Sentinel:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        check_permitted("sentinel")
         self.proc = subprocess.Popen(
             [REDIS_SERVER, str(self.conf), "--sentinel"],
             stdout=subprocess.DEVNULL,
@@ -218,8 +220,10 @@ class SentinelDeployment:
     """A master, one replica of it, and three sentinels monitoring it with quorum 2."""
 
     def __init__(self) -> None:
-        self.master = RedisServer(None, "--repl-diskless-sync-delay", "0")
-        self.replica = RedisServer(None, "--replicaof", "127.0.0.1", str(self.master.port))
+        self.master = RedisServer(None, "--repl-diskless-sync-delay", "0", kind="sentinel")
+        self.replica = RedisServer(
+            None, "--replicaof", "127.0.0.1", str(self.master.port), kind="sentinel"
+        )
         self.sentinels: list[_Sentinel] = []
 
     @property

@@ -4,21 +4,106 @@ The suite never assumes a server is running: it starts its own from the ``redis-
 binary (stopped by PID at the end; the helpers are in servers.py and cluster_fixtures.py).
 ``REDIS_URL`` points the shared-server tests at an external server instead; tests that must
 kill or restart a server always start a private one.
+
+Lanes. pytest_collection_modifyitems below marks every test by the servers it needs, read
+from its fixtures and its ``backend``, ``store_url`` or ``deployment`` parameter (nobody
+marks by hand): ``redis`` (a standalone server), ``cluster``, ``sentinel``, as many as it
+uses, or ``memory`` when it needs none (memory:// parameters, pure unit tests). So:
+
+    pytest -m memory               no server at all, in seconds
+    pytest -m "memory or redis"    the standalone lane
+    pytest                         everything (scripts/test runs the lanes)
+
+A test that starts a server its marks do not name fails at once (servers.check_permitted),
+so the marks cannot drift from what the tests do: a server fixture that a test fetches with
+``request.getfixturevalue`` must be named by one of those parameters.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 
 import hypothesis  # noqa: F401  (imported early: a late import trips a CPython 3.11 AST bug)
 import pytest
 import redis
 from cluster_fixtures import RedisClusterDeployment, SentinelDeployment, sync_client
-from servers import RedisServer, remove_scratch
+from servers import RedisServer, permit, remove_scratch
 
 import aioratelimit as arl
+
+#: The marks that name a deployment; a test with none of them is marked ``memory``.
+SERVER_MARKS = ("redis", "cluster", "sentinel")
+
+#: The fixtures that start (or share) a deployment, and the mark each one gives its tests.
+SERVER_FIXTURES = {
+    "redis_url": "redis",
+    "own_redis": "redis",
+    "cluster_url": "cluster",
+    "own_cluster": "cluster",
+    "sentinel_url": "sentinel",
+    "own_sentinel": "sentinel",
+}
+
+#: The parameters whose value is the backend a test runs on: memory, redis, cluster, sentinel.
+KIND_PARAMS = ("backend", "store_url", "deployment")
+
+
+def backend_url_kind(kind: str | None) -> str:
+    """Where ``backend_url`` points for a test whose ``backend`` parameter is ``kind``."""
+    return kind or "redis"
+
+
+def sync_redis_kind(kind: str | None) -> str:
+    """What ``sync_redis`` inspects for a test whose ``backend`` parameter is ``kind``."""
+    return kind if kind in ("cluster", "sentinel") else "redis"
+
+
+#: The fixtures that choose their deployment from the test's ``backend`` parameter (the
+#: fixtures below and the marks read these same functions, so the two cannot drift).
+FOLLOWERS: dict[str, Callable[[str | None], str]] = {
+    "backend_url": backend_url_kind,
+    "sync_redis": sync_redis_kind,
+}
+
+
+def param(node: object, name: str) -> str | None:
+    """The string value of the parameter ``name`` of a test item, if it has one."""
+    callspec = getattr(node, "callspec", None)
+    value = callspec.params.get(name) if callspec is not None else None
+    return value if isinstance(value, str) else None
+
+
+def deployments(item: pytest.Item) -> set[str]:
+    """The servers ``item`` needs: its server fixtures, its backend parameters, and where the
+    fixtures that follow its ``backend`` parameter point (memory:// needs none)."""
+    names = set(getattr(item, "fixturenames", ()))
+    kinds = {SERVER_FIXTURES[name] for name in names & SERVER_FIXTURES.keys()}
+    kinds.update(kind for name in KIND_PARAMS if (kind := param(item, name)) is not None)
+    backend = param(item, "backend")
+    kinds.update(follow(backend) for name, follow in FOLLOWERS.items() if name in names)
+    kinds.discard("memory")
+    return kinds
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by these marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test ``memory``, or by each deployment it needs (see the module doc)."""
+    for item in items:
+        # A string marker name goes through pytest.mark, so --strict-markers checks it.
+        for kind in sorted(deployments(item)) or ["memory"]:
+            item.add_marker(kind)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    """While a test runs (its fixtures too), only the deployments its marks name may start."""
+    permit(frozenset(mark.name for mark in item.iter_markers() if mark.name in SERVER_MARKS))
+    try:
+        return (yield)
+    finally:
+        permit(None)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -94,20 +179,18 @@ def own_sentinel() -> Iterator[SentinelDeployment]:
 
 def backend_kind(request: pytest.FixtureRequest) -> str | None:
     """The ``backend`` parameter of the running test (memory, redis, cluster, sentinel)."""
-    callspec = getattr(request.node, "callspec", None)
-    kind = callspec.params.get("backend") if callspec is not None else None
-    return kind if isinstance(kind, str) else None
+    return param(request.node, "backend")
 
 
 @pytest.fixture
 def sync_redis(request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
     """A plain synchronous client for inspecting keys: on the deployment the test's
     ``backend`` runs on (a cluster client, or the Sentinel master), else the shared server."""
-    kind = backend_kind(request)
-    if kind in ("cluster", "sentinel"):
-        client = sync_client(request.getfixturevalue(f"{kind}_url"))
-    else:
+    kind = sync_redis_kind(backend_kind(request))
+    if kind == "redis":
         client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
+    else:
+        client = sync_client(request.getfixturevalue(f"{kind}_url"))
     try:
         yield client
     finally:
@@ -117,7 +200,7 @@ def sync_redis(request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
 @pytest.fixture
 def backend_url(request: pytest.FixtureRequest) -> str:
     """The URL of the store the test's ``backend`` uses (``memory://`` is a new store)."""
-    kind = backend_kind(request) or "redis"
+    kind = backend_url_kind(backend_kind(request))
     return "memory://" if kind == "memory" else str(request.getfixturevalue(f"{kind}_url"))
 
 

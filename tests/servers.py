@@ -4,6 +4,10 @@ A plain module (no fixtures: those are wired in conftest.py), imported by the fi
 the cluster and Sentinel deployments in cluster_fixtures.py, and by tests that need a free
 port or a server's handle. Every server this session starts keeps its logs and configs in
 one scratch folder, removed at the end of the session.
+
+Each process start is checked against the running test's marks (conftest ``permit``s the
+deployments they name), so a test marked ``memory`` can never start a redis-server and a
+lane selected with ``-m`` starts only the servers it names.
 """
 
 from __future__ import annotations
@@ -38,6 +42,26 @@ def remove_scratch() -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+#: The deployments ("redis", "cluster", "sentinel") the running test may start; None: any.
+_permitted: frozenset[str] | None = None
+
+
+def permit(kinds: frozenset[str] | None) -> None:
+    """From now on, let only servers of these ``kinds`` start (None lifts the check)."""
+    global _permitted
+    _permitted = kinds
+
+
+def check_permitted(kind: str) -> None:
+    """Fail loudly when the running test starts a ``kind`` of server its marks do not name."""
+    if _permitted is not None and kind not in _permitted:
+        marks = ", ".join(sorted(_permitted)) or "memory"
+        raise RuntimeError(
+            f"this test starts a {kind} server but is marked {marks} only: conftest marks a "
+            "test by the server fixtures in its signature and its backend parameter"
+        )
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -46,11 +70,13 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """One real ``redis-server`` process on a loopback port, without persistence."""
+    """One real ``redis-server`` process on a loopback port, without persistence; ``kind``
+    names the deployment it belongs to (a standalone server, a cluster node, a Sentinel's)."""
 
-    def __init__(self, port: int | None = None, *extra: str) -> None:
+    def __init__(self, port: int | None = None, *extra: str, kind: str = "redis") -> None:
         self.port = port or free_port()
         self.extra = extra
+        self.kind = kind
         self.dir = Path(tempfile.mkdtemp(prefix="arl-redis-", dir=scratch_dir()))
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -64,6 +90,7 @@ class RedisServer:
         return self.proc.pid
 
     def start(self, timeout: float = 10.0) -> RedisServer:
+        check_permitted(self.kind)
         args = [
             REDIS_SERVER,
             "--port", str(self.port),
