@@ -84,7 +84,7 @@ class Workload:
         started = time.monotonic()
         try:
             result = await asyncio.wait_for(op(), GUARD)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             record.outcomes["hang"] += 1
             return None
         except arl.BackendUnavailable:

@@ -352,7 +352,7 @@ async def test_500_random_cancellations_leave_nothing_held(backend: arl.Backend,
         if i % 5 == 4:
             try:
                 lease = await asyncio.wait_for(lk.acquire(), rng.random() * 0.002)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 lease = None
         else:
             task = asyncio.create_task(lk.acquire())
