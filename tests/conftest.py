@@ -14,6 +14,9 @@ uses, or ``memory`` when it needs none (memory:// parameters, pure unit tests). 
     pytest -m "memory or redis"    the standalone lane
     pytest                         everything (scripts/test runs the lanes)
 
+``AIORATELIMIT_TEST_LOOP=uvloop`` runs every async test and async fixture on uvloop instead
+of asyncio's own loop (pytest-asyncio's loop factory hook, below); tests/test_loop.py pins it.
+
 A test that starts a server its marks do not name fails at once (servers.check_permitted),
 so the marks cannot drift from what the tests do: a server fixture that a test fetches with
 ``request.getfixturevalue`` must be named by one of those parameters.
@@ -21,9 +24,10 @@ so the marks cannot drift from what the tests do: a server fixture that a test f
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 
 import hypothesis  # noqa: F401  (imported early: a late import trips a CPython 3.11 AST bug)
 import pytest
@@ -32,6 +36,27 @@ from cluster_fixtures import RedisClusterDeployment, SentinelDeployment, sync_cl
 from servers import RedisServer, permit, remove_scratch
 
 import aioratelimit as arl
+
+#: The event loop the async tests run on: "asyncio" (its default loop) or "uvloop".
+TEST_LOOP = os.environ.get("AIORATELIMIT_TEST_LOOP") or "asyncio"
+
+if TEST_LOOP == "uvloop":
+    import uvloop
+
+    def pytest_asyncio_loop_factories(
+        config: pytest.Config, item: pytest.Item
+    ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+        """Every async test on a new uvloop loop (one factory: the test ids stay as they are)."""
+        return {"uvloop": uvloop.new_event_loop}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse an event loop name this suite does not know (instead of silently using asyncio)."""
+    if TEST_LOOP not in ("asyncio", "uvloop"):
+        raise pytest.UsageError(
+            f"AIORATELIMIT_TEST_LOOP={TEST_LOOP!r}: expected 'asyncio' (the default) or 'uvloop'"
+        )
+
 
 #: The marks that name a deployment; a test with none of them is marked ``memory``.
 SERVER_MARKS = ("redis", "cluster", "sentinel")
