@@ -15,7 +15,8 @@ uses, or ``memory`` when it needs none (memory:// parameters, pure unit tests). 
     pytest                         everything (scripts/test runs the lanes)
 
 ``AIORATELIMIT_TEST_LOOP=uvloop`` runs every async test and async fixture on uvloop instead
-of asyncio's own loop (pytest-asyncio's loop factory hook, below); tests/test_loop.py pins it.
+of asyncio's own loop (pytest-asyncio's loop factory hook, below), and the loops the tests
+make themselves with loops.run / loops.new_loop; tests/test_loop.py pins both.
 
 A test that starts a server its marks do not name fails at once (servers.check_permitted),
 so the marks cannot drift from what the tests do: a server fixture that a test fetches with
@@ -30,6 +31,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 
 import hypothesis  # noqa: F401  (imported early: a late import trips a CPython 3.11 AST bug)
+import loops
 import pytest
 import redis
 from cluster_fixtures import RedisClusterDeployment, SentinelDeployment, sync_client
@@ -37,24 +39,22 @@ from servers import RedisServer, permit, remove_scratch
 
 import aioratelimit as arl
 
-#: The event loop the async tests run on: "asyncio" (its default loop) or "uvloop".
-TEST_LOOP = os.environ.get("AIORATELIMIT_TEST_LOOP") or "asyncio"
-
-if TEST_LOOP == "uvloop":
-    import uvloop
+if loops.FACTORY is not None:
+    # Defined only then: without the hook pytest-asyncio keeps its own default loop.
+    _LOOP_FACTORIES = {loops.NAME: loops.FACTORY}
 
     def pytest_asyncio_loop_factories(
         config: pytest.Config, item: pytest.Item
     ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
-        """Every async test on a new uvloop loop (one factory: the test ids stay as they are)."""
-        return {"uvloop": uvloop.new_event_loop}
+        """Every async test on a new loop of the selected kind (one factory: same test ids)."""
+        return _LOOP_FACTORIES
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Refuse an event loop name this suite does not know (instead of silently using asyncio)."""
-    if TEST_LOOP not in ("asyncio", "uvloop"):
+    if loops.NAME not in loops.NAMES:
         raise pytest.UsageError(
-            f"AIORATELIMIT_TEST_LOOP={TEST_LOOP!r}: expected 'asyncio' (the default) or 'uvloop'"
+            f"AIORATELIMIT_TEST_LOOP={loops.NAME!r}: expected one of {', '.join(loops.NAMES)}"
         )
 
 

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import loops
 import pytest
 from servers import RedisServer
 
@@ -69,7 +70,7 @@ def _hammer(
                 admitted[kind] = sum(d.allowed for d in decisions)
             return admitted
 
-    results.put(asyncio.run(main()))
+    results.put(loops.run(main()))
 
 
 @pytest.mark.slow
