@@ -8,9 +8,9 @@ reports ``cluster_state:ok``, all 16384 slots are covered, and every replica is 
 (quorum 2, down after 1 s, failover timeout 3 s) and waits until the sentinels know the
 replica and each other. Both stop their processes by PID.
 
-The session fixtures ``cluster_url`` and ``sentinel_url`` start one of each lazily, only when a
-test asks for it, and keep it for the session; tests that kill nodes use the private
-``own_cluster`` / ``own_sentinel`` instead, so the shared ones stay healthy.
+The fixtures that start them are wired in conftest.py: the session's shared ``cluster_url``
+and ``sentinel_url`` (started lazily, only when a test asks for one), and the private
+``own_cluster`` / ``own_sentinel`` for tests that kill nodes, so the shared ones stay healthy.
 """
 
 from __future__ import annotations
@@ -21,36 +21,19 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import pytest
 import redis
 import redis.cluster
 import redis.sentinel
-
-if TYPE_CHECKING:
-    from conftest import RedisServer
+from servers import REDIS_SERVER, RedisServer, check_permitted, free_port, scratch_dir
 
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
 SERVICE = "arl-test"
 
 #: How long a deployment may take to form (seconds); generous for a loaded 2-core machine.
 FORM_TIMEOUT = 60.0
-
-
-def _server_class() -> type[RedisServer]:
-    # conftest imports this module: take RedisServer from it lazily to avoid the cycle.
-    from conftest import RedisServer
-
-    return RedisServer
-
-
-def _free_port() -> int:
-    from conftest import free_port
-
-    return free_port()
 
 
 def wait_until(
@@ -87,22 +70,22 @@ class RedisClusterDeployment:
     """Three masters and three replicas on loopback, formed by ``redis-cli --cluster create``."""
 
     def __init__(self, masters: int = 3, replicas: int = 1) -> None:
-        server = _server_class()
         self.masters_wanted = masters
         self.replicas_wanted = replicas
         self.nodes: list[RedisServer] = []
         for _ in range(masters * (1 + replicas)):
-            port = _free_port()
-            node = server(
+            port = free_port()
+            node = RedisServer(
                 port,
                 "--cluster-enabled", "yes",
                 "--cluster-config-file", "nodes.conf",
                 "--cluster-node-timeout", "1000",
-                "--cluster-port", str(_free_port()),
+                "--cluster-port", str(free_port()),
                 # Replicas sync at once (the default waits 5 s to batch them).
                 "--repl-diskless-sync-delay", "0",
                 # A replica that lost its master for a moment may still be promoted.
                 "--cluster-replica-validity-factor", "0",
+                kind="cluster",
             )  # fmt: skip
             self.nodes.append(node)
 
@@ -193,9 +176,7 @@ class _Sentinel:
     """One ``redis-server <conf> --sentinel`` process (the config file must be writable)."""
 
     def __init__(self, master_port: int) -> None:
-        self.port = _free_port()
-        from conftest import scratch_dir
-
+        self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="arl-sentinel-", dir=scratch_dir()))
         self.conf = self.dir / "sentinel.conf"
         self.conf.write_text(
@@ -212,8 +193,9 @@ class _Sentinel:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        check_permitted("sentinel")
         self.proc = subprocess.Popen(
-            [shutil.which("redis-server") or "/usr/bin/redis-server", str(self.conf), "--sentinel"],
+            [REDIS_SERVER, str(self.conf), "--sentinel"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -238,9 +220,10 @@ class SentinelDeployment:
     """A master, one replica of it, and three sentinels monitoring it with quorum 2."""
 
     def __init__(self) -> None:
-        server = _server_class()
-        self.master: RedisServer = server(None, "--repl-diskless-sync-delay", "0")
-        self.replica: RedisServer = server(None, "--replicaof", "127.0.0.1", str(self.master.port))
+        self.master = RedisServer(None, "--repl-diskless-sync-delay", "0", kind="sentinel")
+        self.replica = RedisServer(
+            None, "--replicaof", "127.0.0.1", str(self.master.port), kind="sentinel"
+        )
         self.sentinels: list[_Sentinel] = []
 
     @property
@@ -297,13 +280,6 @@ class SentinelDeployment:
             server.stop()
 
 
-def backend_kind(request: pytest.FixtureRequest) -> str | None:
-    """The ``backend`` parameter of the running test (memory, redis, cluster, sentinel)."""
-    callspec = getattr(request.node, "callspec", None)
-    kind = callspec.params.get("backend") if callspec is not None else None
-    return kind if isinstance(kind, str) else None
-
-
 def sync_client(url: str) -> redis.Redis:
     """A synchronous client on the data of a ``redis+cluster://`` or ``redis+sentinel://``
     URL (a cluster client, or a client of the current master), for inspecting keys."""
@@ -321,43 +297,3 @@ def sync_client(url: str) -> redis.Redis:
         for each in sentinel.sentinels:
             each.close()
     return redis.Redis(host=host, port=port)
-
-
-@pytest.fixture(scope="session")
-def cluster_url() -> Iterator[str]:
-    """The URL of the session's shared Redis Cluster (started on first use)."""
-    deployment = RedisClusterDeployment().start()
-    try:
-        yield deployment.url
-    finally:
-        deployment.stop()
-
-
-@pytest.fixture(scope="session")
-def sentinel_url() -> Iterator[str]:
-    """The URL of the session's shared Sentinel group (started on first use)."""
-    deployment = SentinelDeployment().start()
-    try:
-        yield deployment.url
-    finally:
-        deployment.stop()
-
-
-@pytest.fixture
-def own_cluster() -> Iterator[RedisClusterDeployment]:
-    """A private cluster for this test alone (to kill masters in)."""
-    deployment = RedisClusterDeployment().start()
-    try:
-        yield deployment
-    finally:
-        deployment.stop()
-
-
-@pytest.fixture
-def own_sentinel() -> Iterator[SentinelDeployment]:
-    """A private Sentinel group for this test alone (to kill its master)."""
-    deployment = SentinelDeployment().start()
-    try:
-        yield deployment
-    finally:
-        deployment.stop()

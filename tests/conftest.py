@@ -1,145 +1,143 @@
 """Shared fixtures: real redis-server processes on free loopback ports, and the backend matrix.
 
 The suite never assumes a server is running: it starts its own from the ``redis-server``
-binary (stopped by PID at the end). ``REDIS_URL`` points the shared-server tests at an
-external server instead; tests that must kill or restart a server always start a private one.
+binary (stopped by PID at the end; the helpers are in servers.py and cluster_fixtures.py).
+``REDIS_URL`` points the shared-server tests at an external server instead; tests that must
+kill or restart a server always start a private one.
+
+Lanes. pytest_collection_modifyitems below marks every test by the servers it needs, read
+from its fixtures and its ``backend``, ``store_url`` or ``deployment`` parameter (nobody
+marks by hand): ``redis`` (a standalone server), ``cluster``, ``sentinel``, as many as it
+uses, or ``memory`` when it needs none (memory:// parameters, pure unit tests). So:
+
+    pytest -m memory               no server at all, in seconds
+    pytest -m "memory or redis"    the standalone lane
+    pytest                         everything (scripts/test runs the lanes)
+
+``AIORATELIMIT_TEST_LOOP=uvloop`` runs every async test and async fixture on uvloop instead
+of asyncio's own loop (pytest-asyncio's loop factory hook, below), and the loops the tests
+make themselves with loops.run / loops.new_loop; tests/test_loop.py pins both.
+
+A test that starts a server its marks do not name fails at once (servers.check_permitted),
+so the marks cannot drift from what the tests do: a server fixture that a test fetches with
+``request.getfixturevalue`` must be named by one of those parameters.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
-import shutil
-import signal
-import socket
-import subprocess
-import tempfile
-import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 
 import hypothesis  # noqa: F401  (imported early: a late import trips a CPython 3.11 AST bug)
+import loops
 import pytest
 import redis
-from cluster_fixtures import (  # noqa: F401  (fixtures: the cluster and sentinel deployments)
-    backend_kind,
-    cluster_url,
-    own_cluster,
-    own_sentinel,
-    sentinel_url,
-    sync_client,
-)
+from cluster_fixtures import RedisClusterDeployment, SentinelDeployment, sync_client
+from servers import RedisServer, permit, remove_scratch
 from tls_servers import mtls_redis, pki, plain_redis, tls_redis  # noqa: F401  (TLS, ACL servers)
 
 import aioratelimit as arl
 
-REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+if loops.FACTORY is not None:
+    # Defined only then: without the hook pytest-asyncio keeps its own default loop.
+    _LOOP_FACTORIES = {loops.NAME: loops.FACTORY}
+
+    def pytest_asyncio_loop_factories(
+        config: pytest.Config, item: pytest.Item
+    ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+        """Every async test on a new loop of the selected kind (one factory: same test ids)."""
+        return _LOOP_FACTORIES
 
 
-_SCRATCH: list[Path] = []
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse an event loop name this suite does not know (instead of silently using asyncio)."""
+    if loops.NAME not in loops.NAMES:
+        raise pytest.UsageError(
+            f"AIORATELIMIT_TEST_LOOP={loops.NAME!r}: expected one of {', '.join(loops.NAMES)}"
+        )
 
 
-def scratch_dir() -> Path:
-    """One temporary folder for every server this session starts, removed at its end."""
-    if not _SCRATCH:
-        _SCRATCH.append(Path(tempfile.mkdtemp(prefix="arl-tests-")))
-    return _SCRATCH[0]
+#: The marks that name a deployment; a test with none of them is marked ``memory``.
+SERVER_MARKS = ("redis", "cluster", "sentinel")
+
+#: The fixtures that start (or share) a deployment, and the mark each one gives its tests.
+SERVER_FIXTURES = {
+    "redis_url": "redis",
+    "own_redis": "redis",
+    "cluster_url": "cluster",
+    "own_cluster": "cluster",
+    "sentinel_url": "sentinel",
+    "own_sentinel": "sentinel",
+    "tls_redis": "redis",
+    "mtls_redis": "redis",
+    "plain_redis": "redis",
+}
+
+#: The parameters whose value is the backend a test runs on: memory, redis, cluster, sentinel.
+KIND_PARAMS = ("backend", "store_url", "deployment")
+
+
+def backend_url_kind(kind: str | None) -> str:
+    """Where ``backend_url`` points for a test whose ``backend`` parameter is ``kind``."""
+    return kind or "redis"
+
+
+def sync_redis_kind(kind: str | None) -> str:
+    """What ``sync_redis`` inspects for a test whose ``backend`` parameter is ``kind``."""
+    return kind if kind in ("cluster", "sentinel") else "redis"
+
+
+#: The fixtures that choose their deployment from the test's ``backend`` parameter (the
+#: fixtures below and the marks read these same functions, so the two cannot drift).
+FOLLOWERS: dict[str, Callable[[str | None], str]] = {
+    "backend_url": backend_url_kind,
+    "sync_redis": sync_redis_kind,
+}
+
+
+def param(node: object, name: str) -> str | None:
+    """The string value of the parameter ``name`` of a test item, if it has one."""
+    callspec = getattr(node, "callspec", None)
+    value = callspec.params.get(name) if callspec is not None else None
+    return value if isinstance(value, str) else None
+
+
+def deployments(item: pytest.Item) -> set[str]:
+    """The servers ``item`` needs: its server fixtures, its backend parameters, and where the
+    fixtures that follow its ``backend`` parameter point (memory:// needs none)."""
+    names = set(getattr(item, "fixturenames", ()))
+    kinds = {SERVER_FIXTURES[name] for name in names & SERVER_FIXTURES.keys()}
+    kinds.update(kind for name in KIND_PARAMS if (kind := param(item, name)) is not None)
+    backend = param(item, "backend")
+    kinds.update(follow(backend) for name, follow in FOLLOWERS.items() if name in names)
+    kinds.discard("memory")
+    return kinds
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by these marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test ``memory``, or by each deployment it needs (see the module doc)."""
+    for item in items:
+        # A string marker name goes through pytest.mark, so --strict-markers checks it.
+        for kind in sorted(deployments(item)) or ["memory"]:
+            item.add_marker(kind)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    """While a test runs (its fixtures too), only the deployments its marks name may start."""
+    permit(frozenset(mark.name for mark in item.iter_markers() if mark.name in SERVER_MARKS))
+    try:
+        return (yield)
+    finally:
+        permit(None)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Remove the servers' folders (logs, cluster configs) once every server has stopped."""
-    for path in _SCRATCH:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class RedisServer:
-    """One real ``redis-server`` process on a loopback port, without persistence."""
-
-    def __init__(self, port: int | None = None, *extra: str) -> None:
-        self.port = port or free_port()
-        self.extra = extra
-        self.dir = Path(tempfile.mkdtemp(prefix="arl-redis-", dir=scratch_dir()))
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def start(self, timeout: float = 10.0) -> RedisServer:
-        args = [
-            REDIS_SERVER,
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", str(self.dir),
-            "--logfile", str(self.dir / "redis.log"),
-            *self.extra,
-        ]  # fmt: skip
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2, socket_timeout=0.5)
-        try:
-            while True:
-                if self.proc.poll() is not None:
-                    log = (self.dir / "redis.log").read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"redis-server exited at start on port {self.port}:\n{log}")
-                try:
-                    if client.ping():
-                        return self
-                except redis.RedisError:
-                    pass
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"redis-server did not answer on port {self.port}")
-                time.sleep(0.02)
-        finally:
-            client.close()
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        """Stop the process by PID (SIGKILL if it does not exit promptly)."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
-
-    def kill(self) -> None:
-        self.stop(signal.SIGKILL)
-
-    def pause(self) -> None:
-        """Freeze the server (SIGSTOP): connections stay open, nothing answers."""
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGCONT)
-
-    def restart(self) -> None:
-        """Stop and start again on the same port (all data and loaded scripts are gone)."""
-        self.stop()
-        self.start()
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port)
+    remove_scratch()
 
 
 @pytest.fixture(scope="session")
@@ -168,15 +166,60 @@ def own_redis() -> Iterator[RedisServer]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def cluster_url() -> Iterator[str]:
+    """The URL of the session's shared Redis Cluster (started on first use)."""
+    deployment = RedisClusterDeployment().start()
+    try:
+        yield deployment.url
+    finally:
+        deployment.stop()
+
+
+@pytest.fixture(scope="session")
+def sentinel_url() -> Iterator[str]:
+    """The URL of the session's shared Sentinel group (started on first use)."""
+    deployment = SentinelDeployment().start()
+    try:
+        yield deployment.url
+    finally:
+        deployment.stop()
+
+
+@pytest.fixture
+def own_cluster() -> Iterator[RedisClusterDeployment]:
+    """A private cluster for this test alone (to kill masters in)."""
+    deployment = RedisClusterDeployment().start()
+    try:
+        yield deployment
+    finally:
+        deployment.stop()
+
+
+@pytest.fixture
+def own_sentinel() -> Iterator[SentinelDeployment]:
+    """A private Sentinel group for this test alone (to kill its master)."""
+    deployment = SentinelDeployment().start()
+    try:
+        yield deployment
+    finally:
+        deployment.stop()
+
+
+def backend_kind(request: pytest.FixtureRequest) -> str | None:
+    """The ``backend`` parameter of the running test (memory, redis, cluster, sentinel)."""
+    return param(request.node, "backend")
+
+
 @pytest.fixture
 def sync_redis(request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
     """A plain synchronous client for inspecting keys: on the deployment the test's
     ``backend`` runs on (a cluster client, or the Sentinel master), else the shared server."""
-    kind = backend_kind(request)
-    if kind in ("cluster", "sentinel"):
-        client = sync_client(request.getfixturevalue(f"{kind}_url"))
-    else:
+    kind = sync_redis_kind(backend_kind(request))
+    if kind == "redis":
         client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
+    else:
+        client = sync_client(request.getfixturevalue(f"{kind}_url"))
     try:
         yield client
     finally:
@@ -186,7 +229,7 @@ def sync_redis(request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
 @pytest.fixture
 def backend_url(request: pytest.FixtureRequest) -> str:
     """The URL of the store the test's ``backend`` uses (``memory://`` is a new store)."""
-    kind = backend_kind(request) or "redis"
+    kind = backend_url_kind(backend_kind(request))
     return "memory://" if kind == "memory" else str(request.getfixturevalue(f"{kind}_url"))
 
 

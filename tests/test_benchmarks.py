@@ -25,16 +25,15 @@ def bench_keys(client: redis.Redis) -> set[bytes]:
     return set(client.scan_iter(match="arlb:*", count=1000))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])
-def test_benchmark_smoke_run(
-    script: Path, redis_url: str, sync_redis: redis.Redis, request: pytest.FixtureRequest
-) -> None:
-    """The script exits 0, prints Markdown tables, and leaves no key of its own behind."""
+#: bench_cluster also measures a cluster, so its smoke run needs one (below).
+STANDALONE = [s for s in SCRIPTS if s.stem != "bench_cluster"]
+
+
+def smoke_run(script: Path, sync_redis: redis.Redis, **urls: str) -> str:
+    """Run ``script`` tiny with these URL variables; check it exits 0, prints Markdown
+    tables and leaves no key of its own behind; return what it printed."""
     before = bench_keys(sync_redis)
-    env = {**os.environ, "REDIS_URL": redis_url, "REPS": "2", "SCALE": "0.01"}
-    if script.stem == "bench_cluster":  # its cluster rows too, on the suite's shared cluster
-        env["REDIS_CLUSTER_URL"] = request.getfixturevalue("cluster_url")
+    env = {**os.environ, **urls, "REPS": "2", "SCALE": "0.01"}
     done = subprocess.run(
         [sys.executable, str(script)],
         env=env,
@@ -48,15 +47,34 @@ def test_benchmark_smoke_run(
     assert done.stdout.startswith("# "), done.stdout[:500]
     assert TABLE_RULE.search(done.stdout), done.stdout[-2000:]
     assert bench_keys(sync_redis) <= before
+    return done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", STANDALONE, ids=[s.stem for s in STANDALONE])
+def test_benchmark_smoke_run(script: Path, redis_url: str, sync_redis: redis.Redis) -> None:
+    """The script exits 0, prints Markdown tables, and leaves no key of its own behind."""
+    stdout = smoke_run(script, sync_redis, REDIS_URL=redis_url)
     if script.stem == "bench_idempotency":
         # Not a timing: the counts must say one round trip per operation on both sides.
         for operation in ("consume_token", "idempotent replay", "issue_token"):
             row = re.search(rf"^\| {operation} +\| ([0-9.]+) +\| ([0-9.]+) +\|$",
-                            done.stdout, re.MULTILINE)  # fmt: skip
-            assert row is not None, done.stdout[-3000:]
+                            stdout, re.MULTILINE)  # fmt: skip
+            assert row is not None, stdout[-3000:]
             assert row.groups() == ("1.00", "1.00"), row.group(0)
 
 
+@pytest.mark.slow
+def test_cluster_benchmark_smoke_run(
+    redis_url: str, cluster_url: str, sync_redis: redis.Redis
+) -> None:
+    """bench_cluster runs the same way, its cluster rows too on the suite's shared cluster."""
+    script = BENCHMARKS / "bench_cluster.py"
+    smoke_run(script, sync_redis, REDIS_URL=redis_url, REDIS_CLUSTER_URL=cluster_url)
+
+
 def test_every_benchmark_is_found() -> None:
-    """The smoke run above covers at least the rate-limit benchmark (the glob still matches)."""
-    assert BENCHMARKS / "bench_ratelimit.py" in SCRIPTS
+    """The smoke runs above cover at least the rate-limit benchmark (the glob still matches),
+    and bench_cluster, named by hand, is among the scripts."""
+    assert BENCHMARKS / "bench_ratelimit.py" in STANDALONE
+    assert BENCHMARKS / "bench_cluster.py" in SCRIPTS

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from servers import free_port
 
 import aioratelimit as arl
 from aioratelimit._cli import main, table

@@ -20,6 +20,7 @@ import redis
 from cluster_fixtures import RedisClusterDeployment, sync_client
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
+from servers import free_port
 
 import aioratelimit as arl
 from aioratelimit._scripts import FIXED_WINDOW, script
@@ -235,8 +236,6 @@ async def test_noscript_loads_the_script_on_the_node_owning_the_keys(
 async def test_any_cluster_failure_is_backend_unavailable() -> None:
     """No reachable node (RedisClusterException in redis-py) surfaces as BackendUnavailable,
     the original error chained."""
-    from conftest import free_port
-
     backend = arl.Backend.from_url(
         f"redis+cluster://127.0.0.1:{free_port()}", timeout=1.0, connect_timeout=0.5
     )

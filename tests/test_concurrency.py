@@ -9,8 +9,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import loops
 import pytest
-from conftest import RedisServer
+from servers import RedisServer
 
 import aioratelimit as arl
 
@@ -69,7 +70,7 @@ def _hammer(
                 admitted[kind] = sum(d.allowed for d in decisions)
             return admitted
 
-    results.put(asyncio.run(main()))
+    results.put(loops.run(main()))
 
 
 @pytest.mark.slow

@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import random
 
+import loops
 import pytest
-from conftest import RedisServer
 from redis.asyncio.connection import Connection
+from servers import RedisServer
 
 import aioratelimit as arl
 from aioratelimit._scripts import Arg, script
@@ -272,8 +273,8 @@ def test_one_backend_serves_successive_event_loops(own_redis: RedisServer) -> No
         decisions = await asyncio.gather(*(limiter.hit("k") for _ in range(20)))
         return sorted(d.remaining for d in decisions)
 
-    assert asyncio.run(burst()) == list(range(80, 100))
-    assert asyncio.run(burst()) == list(range(60, 80))
+    assert loops.run(burst()) == list(range(80, 100))
+    assert loops.run(burst()) == list(range(60, 80))
 
     async def check() -> None:
         assert (await limiter.peek("k")).remaining == 59  # after one more hit
@@ -281,8 +282,8 @@ def test_one_backend_serves_successive_event_loops(own_redis: RedisServer) -> No
     async def close() -> None:
         await backend.aclose()
 
-    asyncio.run(check())
-    asyncio.run(close())  # from a loop that made no call: it closes the last loop's sockets
+    loops.run(check())
+    loops.run(close())  # from a loop that made no call: it closes the last loop's sockets
 
 
 def test_contended_locks_on_successive_event_loops(own_redis: RedisServer) -> None:
@@ -306,11 +307,11 @@ def test_contended_locks_on_successive_event_loops(own_redis: RedisServer) -> No
 
         await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(6))), 10)
 
-    asyncio.run(contended())
-    asyncio.run(contended())
+    loops.run(contended())
+    loops.run(contended())
     assert most == 1
 
     async def close() -> None:
         await backend.aclose()
 
-    asyncio.run(close())
+    loops.run(close())

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import RedisServer
+from servers import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
@@ -121,7 +121,7 @@ def test_examples_type_check(tmp_path: Path) -> None:
         (tmp_path / example.module).write_text(example.code, encoding="utf-8")
     proc = subprocess.run(
         [
-            sys.executable, "-m", "mypy", "--strict", "--python-version", "3.10",
+            sys.executable, "-m", "mypy", "--strict", "--python-version", "3.11",
             "--cache-dir", str(tmp_path / ".mypy_cache"), "--config-file", "",
             *(example.module for example in EXAMPLES),
         ],

@@ -100,13 +100,13 @@ def test_one_backend_serves_successive_loops_on_memory(runner: str, tmp_path: Pa
 
 
 @pytest.mark.parametrize("runner", ["asyncio", "uvloop"])
-@pytest.mark.parametrize("kind", ["cluster", "sentinel"])
+@pytest.mark.parametrize("deployment", ["cluster", "sentinel"])
 def test_one_backend_serves_successive_loops_on_cluster_and_sentinel(
-    kind: str, runner: str, request: pytest.FixtureRequest, tmp_path: Path
+    deployment: str, runner: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """A cluster or Sentinel backend serves successive loops: the next loop discovers the
     topology afresh, and nothing of the ended loop is left to warn about."""
-    url = str(request.getfixturevalue(f"{kind}_url"))
+    url = str(request.getfixturevalue(f"{deployment}_url"))
     assert run_program(url, runner, False, tmp_path).endswith("done\n")
 
 

@@ -283,9 +283,15 @@ def sentinel_failover() -> Iterator[Report]:
 
 
 @pytest.fixture(params=["cluster", "sentinel"])
-def report(request: pytest.FixtureRequest) -> Report:
+def deployment(request: pytest.FixtureRequest) -> str:
+    """Each deployment kind the scenario runs on (conftest marks the test by it)."""
+    return str(request.param)
+
+
+@pytest.fixture
+def report(deployment: str, request: pytest.FixtureRequest) -> Report:
     """The record of the failover scenario on each deployment kind."""
-    result: Report = request.getfixturevalue(f"{request.param}_failover")
+    result: Report = request.getfixturevalue(f"{deployment}_failover")
     window = None if result.promoted_at is None else result.promoted_at - result.killed_at
     print(
         f"\n{result.kind}: promoted {window and round(window, 2)} s after the kill;"

@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import RedisServer, free_port
 from fastapi import Depends, FastAPI
+from servers import RedisServer, free_port
 from webserver import Server, fresh_backend, serving
 
 import aioratelimit as arl

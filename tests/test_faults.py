@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import RedisServer, free_port
+from servers import RedisServer, free_port
 
 import aioratelimit as arl
 from aioratelimit._scripts import FIXED_WINDOW

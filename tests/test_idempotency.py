@@ -13,6 +13,7 @@ import sys
 import uuid
 from typing import Any
 
+import loops
 import pytest
 import redis
 import redis.asyncio as aredis
@@ -432,7 +433,7 @@ def _duplicate_worker(
             finally:
                 await raw.aclose()
 
-    out.put(asyncio.run(work()))
+    out.put(loops.run(work()))
 
 
 @pytest.mark.slow

@@ -13,9 +13,10 @@ import random
 import time
 from typing import Any
 
+import loops
 import pytest
 import redis.asyncio as aredis
-from conftest import RedisServer
+from servers import RedisServer
 
 import aioratelimit as arl
 from aioratelimit import _keys, _scripts
@@ -71,7 +72,7 @@ async def _process_worker(url: str, name: str, counter: str, tasks: int, rounds:
 
 def process_worker(url: str, name: str, counter: str, tasks: int, rounds: int) -> None:
     """One process of the multi-process test (module level, so spawn can import it)."""
-    asyncio.run(_process_worker(url, name, counter, tasks, rounds))
+    loops.run(_process_worker(url, name, counter, tasks, rounds))
 
 
 @pytest.mark.slow

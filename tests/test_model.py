@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import loops
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -102,7 +103,7 @@ class LuaAgainstMemory(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.loop = asyncio.new_event_loop()
+        self.loop = loops.new_loop()
         prefix = f"model-{uuid.uuid4().hex[:10]}"  # a fresh keyspace per run
         self.server = arl.Backend.from_url(self.url, prefix=prefix)
         self.times: deque[int] = deque()  # server clock readings for the memory side

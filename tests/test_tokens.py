@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 import redis
-from conftest import RedisServer
+from servers import RedisServer
 
 import aioratelimit as arl
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from conftest import free_port
+from servers import free_port
 
 import aioratelimit as arl
 

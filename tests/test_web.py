@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import RedisServer
+from servers import RedisServer
 from webserver import fresh_backend, serving
 
 import aioratelimit as arl

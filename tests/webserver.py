@@ -8,7 +8,6 @@ rewriting is off, so ``scope["client"]`` is the socket peer the middleware must 
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 import uuid
@@ -17,8 +16,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+import loops
 import uvicorn
-from conftest import free_port
+from servers import free_port
 
 import aioratelimit as arl
 
@@ -37,7 +37,7 @@ class Server:
             "access_log": False,
             "lifespan": "off",
             "proxy_headers": False,
-            "loop": "asyncio",
+            "loop": loops.NAME,  # the kind _run serves on (Server.run would read this)
             "http": "h11",
             "ws": "none",
             **config,
@@ -53,7 +53,7 @@ class Server:
 
     def _run(self) -> None:
         try:
-            asyncio.run(self._main())
+            loops.run(self._main())
         except BaseException as exc:  # reported by stop(), in the test's thread
             self._error = exc
 

@@ -1,0 +1,43 @@
+"""The event loop the tests run on: asyncio's own, or uvloop with AIORATELIMIT_TEST_LOOP=uvloop.
+
+conftest.py hands the choice to pytest-asyncio for the async tests; the loops the tests make
+themselves (an application run twice, a worker process, a server thread, a state machine)
+come from ``run`` and ``new_loop`` here, so they follow the same choice. Unset, both are
+exactly ``asyncio.run`` and ``asyncio.new_event_loop``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+#: "asyncio" (the default) or "uvloop".
+NAME = os.environ.get("AIORATELIMIT_TEST_LOOP") or "asyncio"
+NAMES = ("asyncio", "uvloop")
+
+
+def _factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    if NAME == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return None
+
+
+#: The selected loop's factory; None for asyncio's default (its event loop policy decides).
+FACTORY = _factory()
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)`` on a new loop of the selected kind."""
+    with asyncio.Runner(loop_factory=FACTORY) as runner:
+        return runner.run(main)
+
+
+def new_loop() -> asyncio.AbstractEventLoop:
+    """``asyncio.new_event_loop()`` of the selected kind."""
+    return FACTORY() if FACTORY is not None else asyncio.new_event_loop()
