@@ -120,8 +120,11 @@ def deployments(item: pytest.Item) -> set[str]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test ``memory``, or by each deployment it needs (see the module doc)."""
     for item in items:
+        # A module may name its deployment itself (pytestmark), for servers it reaches
+        # through request.getfixturevalue, which the fixture names cannot show.
+        given = {mark.name for mark in item.iter_markers() if mark.name in SERVER_MARKS}
         # A string marker name goes through pytest.mark, so --strict-markers checks it.
-        for kind in sorted(deployments(item)) or ["memory"]:
+        for kind in sorted(deployments(item) - given) or ([] if given else ["memory"]):
             item.add_marker(kind)
 
 

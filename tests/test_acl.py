@@ -23,6 +23,10 @@ from tls_servers import ServerProcess, acl_user
 
 import aioratelimit as arl
 
+#: Every test here needs a server of its own kind (TLS, or plain with ACL users): the
+#: standalone lane, whatever fixtures it reaches through request.getfixturevalue.
+pytestmark = pytest.mark.redis
+
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOYMENT = ROOT / "docs" / "deployment.md"
 
@@ -199,16 +203,16 @@ def data_nodes(url: str) -> list[tuple[str, int]]:
     return [(host, int(port)), *((r["ip"], int(r["port"])) for r in replicas)]
 
 
-@pytest.mark.parametrize("kind", ["cluster", "sentinel"])
+@pytest.mark.parametrize("deployment", ["cluster", "sentinel"])
 async def test_least_privilege_user_on_cluster_and_sentinel(
-    request: pytest.FixtureRequest, kind: str, key: str
+    request: pytest.FixtureRequest, deployment: str, key: str
 ) -> None:
     """The rule for the deployment, set on every data server, runs the conformance core
     through ``redis+cluster://`` (sharded pub/sub) and ``redis+sentinel://`` without one
     refusal."""
-    url: str = request.getfixturevalue(f"{kind}_url")
+    url: str = request.getfixturevalue(f"{deployment}_url")
     admins = [redis.Redis(host, port, socket_timeout=5) for host, port in data_nodes(url)]
-    rule = RULES["cluster" if kind == "cluster" else "standalone"]
+    rule = RULES["cluster" if deployment == "cluster" else "standalone"]
     with acl_user(admins, rule) as (name, password):
         scheme, rest = url.split("://", 1)
         async with arl.Backend.from_url(f"{scheme}://{name}:{password}@{rest}", timeout=5) as b:

@@ -24,6 +24,10 @@ from tls_servers import HOST, OTHER_HOST, Pki, ServerProcess, acl_user, free_por
 
 import aioratelimit as arl
 
+#: Every test here needs a server of its own kind (TLS, or plain with ACL users): the
+#: standalone lane, whatever fixtures it reaches through request.getfixturevalue.
+pytestmark = pytest.mark.redis
+
 #: Each refusal below must come in well under this (the handshake fails at once).
 CONNECT_TIMEOUT = 5.0
 #: Full access: the AUTH and secrecy tests are about credentials, not permissions.

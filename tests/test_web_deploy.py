@@ -85,20 +85,20 @@ def limited(backend: arl.Backend, inner: Any) -> RateLimitMiddleware:
 # -- 1. mounted apps and root_path ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("deployment", ["mount", "root_path", "bare"])
+@pytest.mark.parametrize("where", ["mount", "root_path", "bare"])
 async def test_exempt_and_rules_match_the_path_inside_the_app(
-    store_url: str, deployment: str
+    store_url: str, where: str
 ) -> None:
     """Under Mount("/api"), uvicorn --root-path /api, or bare: /health is never limited, a
     rule's template and path_param see the path inside the application."""
     backend = fresh_backend(store_url)
     echo = Echo()
     mw = limited(backend, echo)
-    prefix = "" if deployment == "bare" else "/api"
-    app: Any = Starlette(routes=[Mount("/api", app=mw)]) if deployment == "mount" else mw
-    config = {"root_path": "/api"} if deployment == "root_path" else {}
+    prefix = "" if where == "bare" else "/api"
+    app: Any = Starlette(routes=[Mount("/api", app=mw)]) if where == "mount" else mw
+    config = {"root_path": "/api"} if where == "root_path" else {}
     # uvicorn puts root_path in front of the path the client sent (the proxy stripped it).
-    sent = "" if deployment == "root_path" else prefix
+    sent = "" if where == "root_path" else prefix
     async with serving_with(app, backend, **config) as client:
         health = [(await client.get(f"{sent}/health")).status_code for _ in range(3)]
         things = [(await client.get(f"{sent}/things")).status_code for _ in range(3)]
