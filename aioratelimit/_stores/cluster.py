@@ -283,14 +283,12 @@ class ClusterStore:
         self, host: str, port: int, script: Script, keys: Sequence[str], args: Sequence[Arg]
     ) -> Reply:
         """The slot is migrating and the keys are already on the importing node: ASKING and
-        the script there, back to back on one connection (ASKING holds for that
-        connection's next command only; nothing can come between two writes of one
-        iteration)."""
+        the script there, back to back in one write (ASKING holds for that connection's
+        next command only)."""
         wire = await self._link(host, port).wire()
+        asking = pack_command("ASKING")
         for head in (script.evalsha_head, script.eval_head):
-            asking = wire.send(pack_command("ASKING"))
-            reply = await wire.send(pack(head, keys, args))
-            await asking
+            reply = await wire.send(pack(head, keys, args), preface=asking)
             if type(reply) is not ReplyError or not str(reply).startswith("NOSCRIPT"):
                 break
         if type(reply) is ReplyError:
@@ -320,6 +318,7 @@ class ClusterStore:
         links, self._links = self._links, {}
         for link in links.values():
             link.close()
+        await asyncio.sleep(0)  # the transports close their sockets on the next loop turn
         client = self._cluster
         with contextlib.suppress(Exception):
             await client.aclose()

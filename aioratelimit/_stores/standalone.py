@@ -203,6 +203,7 @@ class RedisStore(_OnClient):
         if self._on is on:
             self._on = None  # the next call on this loop (if any) starts afresh
         on.link.close()
+        await asyncio.sleep(0)  # the transport closes its socket on the next loop turn
 
     async def aclose(self) -> None:
         await super().aclose()

@@ -156,13 +156,22 @@ class Wire(asyncio.Protocol):
         """Callers' replies not handed out yet (cancelled callers' included)."""
         return len(self._held) + sum(1 for waiter, _, _ in self._pending if waiter is not None)
 
-    def send(self, data: bytes) -> asyncio.Future[Any]:
-        """Write one command (or join this iteration's batch) and return its reply's future."""
+    def send(self, data: bytes, *, preface: bytes | None = None) -> asyncio.Future[Any]:
+        """Write one command (or join this iteration's batch) and return its reply's future.
+
+        ``preface``: a command written right before it, with nothing in between (ASKING,
+        which holds for the connection's next command only); its reply must be ``OK``.
+        """
         if self.error is not None:
             raise ConnectionError(str(self.error))
         loop = self._loop
         waiter = loop.create_future()
         deadline = loop.time() + self._timeout
+        if preface is not None:
+            ok = loop.create_future()
+            ok.add_done_callback(_expect_ok)
+            self._pending.append((ok, deadline, None))
+            data = preface + data
         self._pending.append((waiter, deadline, None))
         if self._timer is None:
             self._timer = loop.call_at(deadline, self._check)
@@ -207,10 +216,12 @@ class Wire(asyncio.Protocol):
             self._transport.abort()
 
     def close(self) -> None:
-        """Close gracefully (pending calls fail: nobody will read their replies)."""
+        """Close now (pending calls fail: nobody will read their replies). An abort, not a
+        TLS goodbye: that needs round trips a shutting-down loop would never run, and its
+        socket would be left open."""
         self._fail(ConnectionError(f"connection to {self.address} closed"))
         if self._transport is not None:
-            self._transport.close()
+            self._transport.abort()
 
     def _fail(self, error: Exception) -> None:
         if self.error is None:
@@ -253,6 +264,13 @@ async def connect(endpoint: Endpoint, *, timeout: float, connect_timeout: float)
                     reply.exception()  # retrieved: the first failure is what is raised
             raise
     return wire
+
+
+def _expect_ok(reply: asyncio.Future[Any]) -> None:
+    """A preface's reply, read for its side effect only (its failure is retrieved here;
+    the command after it then fails on its own)."""
+    if not reply.cancelled():
+        reply.exception()
 
 
 class Link:
