@@ -212,10 +212,12 @@ async def round_trips(bench: Bench) -> list[list[str]]:
     write, writelines = asyncio.StreamWriter.write, asyncio.StreamWriter.writelines
     wire_send = Wire.send
 
-    def counting_send(self: Wire, data: bytes) -> asyncio.Future[Any]:
+    def counting_send(
+        self: Wire, data: bytes, *, preface: bytes | None = None
+    ) -> asyncio.Future[Any]:
         nonlocal sent
         sent += 1
-        return wire_send(self, data)
+        return wire_send(self, data, preface=preface)
 
     def counting_write(self: asyncio.StreamWriter, data: Any) -> None:
         nonlocal sent
@@ -250,7 +252,6 @@ async def round_trips(bench: Bench) -> list[list[str]]:
         after = await scripts_run()
         rows.append([name, fmt(sent / COUNT_N, 2), fmt((after - before) / COUNT_N, 2)])
     return rows
-
 
 
 def report(figs: Sequence[dict[str, float]], trips: list[list[str]]) -> None:

@@ -226,9 +226,11 @@ async def test_ten_thousand_callers_all_get_answers_within_the_cap(own_redis: Re
     most = 0
     send = Wire.send
 
-    def counting(self: Wire, data: bytes) -> asyncio.Future[object]:
+    def counting(
+        self: Wire, data: bytes, *, preface: bytes | None = None
+    ) -> asyncio.Future[object]:
         nonlocal most
-        waiter = send(self, data)
+        waiter = send(self, data, preface=preface)
         most = max(most, self.pending)
         return waiter
 
