@@ -36,6 +36,14 @@ from typing import Any
 #: One timed operation: ``op(i)`` performs operation number ``i``.
 Op = Callable[[int], Awaitable[object]]
 
+#: The minimal fixed-window decision (INCR, PEXPIRE on the first hit, PTTL): the floor any
+#: Lua limiter pays, run by the raw client (and by redis-benchmark) as the reference.
+FLOOR_LUA = """\
+local c = redis.call('INCR', KEYS[1])
+if c == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return {c, redis.call('PTTL', KEYS[1])}
+"""
+
 #: Repetitions below this are a smoke run, not a measurement.
 MIN_REPS = 5
 

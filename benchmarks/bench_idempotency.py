@@ -33,6 +33,7 @@ from typing import Any
 
 import redis.asyncio as aredis
 from _common import (
+    FLOOR_LUA,
     REPS,
     Op,
     bench_prefix,
@@ -59,11 +60,6 @@ from aioratelimit import _keys, _scripts
 from aioratelimit._stores.wire import Wire
 from aioratelimit._tokens import _key as token_key
 
-FLOOR_LUA = """\
-local c = redis.call('INCR', KEYS[1])
-if c == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
-return {c, redis.call('PTTL', KEYS[1])}
-"""
 WINDOW_MS = 60_000
 REPLAY_KEYS = 100  # completed idempotency keys the replay condition cycles over
 

@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import redis.asyncio as aredis
 from _common import (
+    FLOOR_LUA,
     REPS,
     Op,
     bench_prefix,
@@ -61,12 +62,7 @@ from aioratelimit._stores.base import DEFAULT_MAX_CONNECTIONS
 # limits emits DeprecationWarnings from its own dependencies; they are not ours to fix.
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
-#: The minimal fixed-window decision: the floor every Lua limiter pays.
-FLOOR_LUA = """\
-local c = redis.call('INCR', KEYS[1])
-if c == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
-return {c, redis.call('PTTL', KEYS[1])}
-"""
+#: The floor's script, for our backend's run (our client path without our scripts).
 FLOOR_SCRIPT = script("bench_floor", FLOOR_LUA)
 LIMIT = 100
 WINDOW_MS = 60_000

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 
 import redis.asyncio as aredis
 from _common import (
+    FLOOR_LUA,
     REPS,
     bench_prefix,
     column,
@@ -59,11 +60,6 @@ import aioratelimit as arl
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
-FLOOR_LUA = """\
-local c = redis.call('INCR', KEYS[1])
-if c == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
-return {c, redis.call('PTTL', KEYS[1])}
-"""
 RATE = "1000000000/hour"  # every hit admitted
 SEQ_N = scaled(2000, 20)
 PER_TASK = scaled(16, 2)

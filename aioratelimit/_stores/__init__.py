@@ -3,7 +3,8 @@
 ``base``        the ``Store`` protocol and the one translation of redis-py and socket errors
 ``memory``      ``memory://``: every script answered by its Python twin (``memory_*``),
                 on Redis's keyspace rules (``keyspace``)
-``wire``        the pre-packed EVALSHA on connections a backend owns
+``wire``        one multiplexed, auto-pipelined connection per server (``endpoint``: where
+                and how it connects)
 ``standalone``  one Redis server (``redis://``, ``rediss://``, ``unix://``, or a client
                 passed in), and its dedicated pub/sub subscriber (``pubsub``)
 ``sentinel``    the server the sentinels name as the master

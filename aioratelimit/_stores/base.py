@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
@@ -51,6 +52,22 @@ _TRANSIENT = ("READONLY", "LOADING", "MASTERDOWN", "BUSY", "CLUSTERDOWN", "TRYAG
 _SCRIPT_LINE = re.compile(r"@user_script:(\d+)")
 #: A command a script line calls: by name, or by a variable holding it (``publish``).
 _CALLED = re.compile(r"redis\.p?call\(\s*(?:['\"]([A-Za-z]+)['\"]|([a-z_]+))")
+
+
+async def observed(
+    on_call: OnCall, script: Script, call: Awaitable[Reply], server: Callable[[], str]
+) -> Reply:
+    """Await one script ``call`` and report it to the ``on_call`` hook once it is over
+    (``server()`` names where it went, asked at the end: a first call connects)."""
+    start, began = time.time_ns(), time.perf_counter_ns()
+    error: BaseException | None = None
+    try:
+        return await call
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        on_call(ScriptCall(script.name, server(), start, time.perf_counter_ns() - began, error))
 
 
 def translate(exc: BaseException, script: Script | None = None) -> AioRateLimitError:

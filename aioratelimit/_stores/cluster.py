@@ -47,9 +47,9 @@ from redis.crc import key_slot
 
 from .._aio import Gate, Keeper
 from .._notify import Notifier
-from .._scripts import Arg, Reply, Script, ScriptCall
+from .._scripts import Arg, Reply, Script
 from .._urls import Address, parse_hosts
-from .base import DEFAULT_CONNECT_TIMEOUT, OnCall, translate
+from .base import DEFAULT_CONNECT_TIMEOUT, OnCall, observed, translate
 from .cluster_pubsub import ShardedPubSub
 from .endpoint import Endpoint, endpoint
 from .wire import Link, ReplyError, pack, pack_command
@@ -164,18 +164,16 @@ class ClusterStore:
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         if self._on_call is None:
             return await self._call(script, keys, args)
-        start, began = time.time_ns(), time.perf_counter_ns()
-        error: BaseException | None = None
-        try:
-            return await self._call(script, keys, args)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            node = self._cluster.get_node_from_key(keys[0]) if self._ready else None
-            server = f"{node.host}:{node.port}" if node is not None else "cluster"
-            took = time.perf_counter_ns() - began
-            self._on_call(ScriptCall(script.name, server, start, took, error))
+        return await observed(
+            self._on_call, script, self._call(script, keys, args), lambda: self._server(keys)
+        )
+
+    def _server(self, keys: Sequence[str]) -> str:
+        """The master the slot map names for ``keys`` (what ``on_call`` reports)."""
+        if not self._ready:
+            return "cluster"
+        node = self._cluster.get_node_from_key(keys[0])
+        return f"{node.host}:{node.port}"
 
     async def _call(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         if self._loop is not _running_loop():

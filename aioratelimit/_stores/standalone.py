@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
@@ -29,8 +28,8 @@ from redis import exceptions as redis_errors
 
 from .._aio import Gate, Keeper
 from .._notify import Notifier
-from .._scripts import Arg, Reply, Script, ScriptCall
-from .base import TRANSLATED, OnCall, translate
+from .._scripts import Arg, Reply, Script
+from .base import TRANSLATED, OnCall, observed, translate
 from .endpoint import Endpoint, endpoint
 from .pubsub import DedicatedPubSub
 from .wire import Link, ReplyError, pack
@@ -170,19 +169,12 @@ class RedisStore(_OnClient):
 
     async def _observed(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         """``run``, reported to the ``on_call`` hook once it is over."""
-        start, began = time.time_ns(), time.perf_counter_ns()
-        error: BaseException | None = None
-        try:
-            return await self._call(script, keys, args)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            on, on_call = self._on, self._on_call
-            assert on_call is not None
-            server = (on.link if on is not None else self).endpoint.address
-            took = time.perf_counter_ns() - began
-            on_call(ScriptCall(script.name, server, start, took, error))
+        assert self._on_call is not None
+        return await observed(self._on_call, script, self._call(script, keys, args), self._server)
+
+    def _server(self) -> str:
+        on = self._on
+        return (on.link if on is not None else self).endpoint.address
 
     def _adopt(self) -> OnLoop:
         """Serve the running loop from now on (see the module's event-loop contract)."""
