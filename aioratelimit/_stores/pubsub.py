@@ -63,6 +63,14 @@ class DedicatedPubSub:
 
     async def aclose(self) -> None:
         self._closed = True
+        # No TLS goodbye: redis-py waits for one at most connect_timeout and then leaves
+        # the transport half-closed, and a loop shutting down never finishes it (its socket
+        # is then left to the garbage collector). Abort the stream first; redis-py offers no
+        # public way, so its stream is read here, defensively (absent: the old behaviour).
+        writer = getattr(getattr(self._pubsub, "connection", None), "_writer", None)
+        transport = getattr(writer, "transport", None)
+        if transport is not None:
+            transport.abort()
         try:
             await self._pubsub.aclose()
         finally:
