@@ -24,6 +24,9 @@ from ._scripts import Script
 P = ParamSpec("P")
 R = TypeVar("R")
 
+#: Added to every wait for ``retry_after`` (seconds): see ``acquire``.
+TIMER_SLACK = 0.001
+
 #: Most sub-window buckets a SlidingWindow may use (the script reads them all per hit).
 MAX_BUCKETS = 1000
 
@@ -127,7 +130,9 @@ class Limiter:
         while not decision.allowed:
             if deadline is not None and loop.time() + decision.retry_after > deadline:
                 raise RateLimited(f"rate limited: {key!r} (timeout {timeout} s)", decision=decision)
-            await asyncio.sleep(decision.retry_after)
+            # A millisecond more: loops whose timers have millisecond resolution (uvloop)
+            # wake up to 1 ms early, which would cost a denied try and another sleep.
+            await asyncio.sleep(decision.retry_after + TIMER_SLACK)
             decision = await self._decide(key, cost, 1)
         return decision
 

@@ -78,7 +78,7 @@ async def test_full_semaphore_times_out(backend: arl.Backend, key: str) -> None:
     with pytest.raises(arl.LockTimeout):
         async with arl.semaphore(key, limit=2, timeout=0.2, backend=backend):
             pass
-    assert 0.2 <= time.monotonic() - start < 5
+    assert 0.19 <= time.monotonic() - start < 5  # (uvloop's timers: 1 ms resolution)
     for lease in held:
         await lease.release()
     assert await sem.holders() == 0
