@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from redis import exceptions as redis_errors
 
@@ -35,16 +35,6 @@ from .pubsub import DedicatedPubSub
 from .wire import Link, ReplyError, pack
 
 _running_loop = asyncio.get_running_loop
-
-
-class ScriptClient(Protocol):
-    """The slice of ``redis.asyncio.Redis`` (and ``RedisCluster``) a store uses."""
-
-    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Awaitable[Any]: ...
-
-    def eval(self, script: str, numkeys: int, *keys_and_args: Any) -> Awaitable[Any]: ...
-
-    def aclose(self) -> Awaitable[None]: ...
 
 
 class _OnClient:

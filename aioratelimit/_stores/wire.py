@@ -148,10 +148,6 @@ class Wire(asyncio.Protocol):
     # -- calls ---------------------------------------------------------------------------
 
     @property
-    def closed(self) -> bool:
-        return self.error is not None
-
-    @property
     def pending(self) -> int:
         """Callers' replies not handed out yet (cancelled callers' included)."""
         return len(self._held) + sum(1 for waiter, _, _ in self._pending if waiter is not None)
