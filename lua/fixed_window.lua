@@ -10,19 +10,48 @@
 --
 -- Reply: {allowed (1/0), limit, remaining, reset_after_us, retry_after_us, now_us}
 --   for the tightest rate; now_us is the server clock (TIME) the decision used.
+--   reset_after_us and retry_after_us never exceed the rate's window_us: a window's end is
+--   stored in whole ms, rounded up (PXAT ceil), so for its first ms it lies up to 999 µs
+--   past first hit + window_us; the reply says window_us then (the caller's waiter sleeps
+--   1 ms more than it is told).
+--
+-- Commands: GET, INCRBY, SET PXAT (6.2), TIME, and PEXPIRETIME (7.0) where the server has
+-- it, else PTTL: Redis 7.0+ (and Valkey) set redis.REDIS_VERSION_NUM, 6.2 does not. On 6.2
+-- the end is read in whole ms from the server's ms clock (PTTL), taken as the ms of TIME.
 local cost = tonumber(ARGV[1])
 local commit = ARGV[2] == '1'
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
+-- The end of the window of a live key (µs; <= 0 when it has no expiry).
+local window_end
+if redis.REDIS_VERSION_NUM then
+  window_end = function(key)
+    return redis.call('PEXPIRETIME', key) * 1000
+  end
+else
+  local now_ms = now - now % 1000
+  window_end = function(key)
+    local ttl = redis.call('PTTL', key)
+    if ttl < 0 then
+      return ttl * 1000
+    end
+    return now_ms + ttl * 1000
+  end
+end
+
 if #KEYS == 1 then
   -- One rate, the common case: the loop below for one key, without its bookkeeping.
   local key, limit = KEYS[1], tonumber(ARGV[3])
   local count = redis.call('GET', key)
   if count then
-    local reset = redis.call('PEXPIRETIME', key) * 1000 - now
+    local reset = window_end(key) - now
     if reset > 0 then
+      local window = tonumber(ARGV[4])
+      if reset > window then
+        reset = window
+      end
       local rem = limit - tonumber(count)
       if cost > rem then
         return {0, limit, rem, reset, reset, now}
@@ -54,7 +83,7 @@ for i = 1, #KEYS do
   local count = tonumber(redis.call('GET', KEYS[i]) or '0')
   local ends_at = 0
   if count > 0 then
-    ends_at = redis.call('PEXPIRETIME', KEYS[i]) * 1000
+    ends_at = window_end(KEYS[i])
   end
   -- The script decides expiry on its own clock, so a window that ended a moment before
   -- Redis lazily removes the key counts as ended here too.
@@ -65,6 +94,9 @@ for i = 1, #KEYS do
   counts[i], ends[i] = count, ends_at
   local rem = limit - count
   local reset = ends_at - now
+  if reset > window then
+    reset = window
+  end
   if cost > rem then
     -- Denied: the tightest rate is the one that keeps the caller waiting longest.
     if allowed == 1 or reset > best_retry then

@@ -45,7 +45,7 @@ def fixed_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: in
         counts.append(count)
         ends.append(ends_at)
         rem = limit - count
-        reset = ends_at - now
+        reset = min(ends_at - now, window)
         if cost > rem:
             if allowed == 1 or reset > best_retry:
                 best_limit, best_rem, best_reset, best_retry = limit, rem, reset, reset
@@ -83,7 +83,7 @@ def _fixed_window_one(ks: Keyspace, key: str, args: Sequence[Arg], now: int) -> 
         count = 0
         ends_at = now + window
     rem = limit - count
-    reset = ends_at - now
+    reset = min(ends_at - now, window)
     if cost > rem:
         return [0, limit, rem, reset, reset, now]
     if int(args[1]) == 1:
