@@ -57,6 +57,7 @@ from fakeredis.commands_mixins import server_mixin
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
+from script_checks import KEYS_CHECK
 
 import aioratelimit as arl
 from aioratelimit import _keys
@@ -111,13 +112,16 @@ def fake_redis(version: tuple[int, int] = REDIS_VERSION) -> fakeredis.FakeRedis:
     """A fresh fake server with every script loaded (the stores run them by SHA), on
     Redis's Lua (fakeredis takes another from ``FAKEREDIS_LUA_VERSION``). From 7.0 on its
     scripts see ``redis.REDIS_VERSION_NUM``, as on Redis (fakeredis leaves it out; it
-    persists in the fake's one Lua runtime once set)."""
+    persists in the fake's one Lua runtime once set); every script runs under
+    ``script_checks.KEYS_CHECK``."""
     client = fakeredis.FakeRedis(server=fakeredis.FakeServer(version=version))
     assert client.eval("return _VERSION", 0) == b"Lua 5.1"
     if version >= (7, 0):
         num = version[0] << 16 | version[1] << 8
         client.eval(f"redis.REDIS_VERSION_NUM = {num}", 0)
     assert client.eval("return redis.REDIS_VERSION_NUM", 0) == (num if version >= (7, 0) else None)
+    # Every key a script touches must be one of its KEYS: a call naming another fails it.
+    assert client.eval(KEYS_CHECK, 0) == 1
     for script in SCRIPTS.values():
         assert client.script_load(script.source) == script.sha
     return client
