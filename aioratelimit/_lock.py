@@ -33,7 +33,7 @@ import logging
 from collections.abc import Sequence
 
 from . import _keys, _scripts
-from ._aio import cancel_requested, cancels, finish, finish_within
+from ._aio import cancel_requested, cancels, finish_within
 from ._args import check_int, check_key, check_seconds, check_timeout, to_ms
 from ._backend import Backend, get_backend
 from ._errors import AioRateLimitError, BackendUnavailable, LockTimeout
@@ -166,11 +166,10 @@ class _Resource:
         except BaseException:
             # The script may have run with only its reply lost: release the same token
             # (harmless if it never arrived: the tombstone also bars a late copy of it).
-            cleanup = self._cleanup(backend, names, str(args[0]))
-            if limit is None:
-                await finish(cleanup)
-            else:
-                await finish_within(cleanup, limit - asyncio.get_running_loop().time())
+            # Waited for at most the backend's timeout (or what is left of the acquire's
+            # bound); resends past that run on by themselves.
+            left = backend.timeout if limit is None else limit - asyncio.get_running_loop().time()
+            await finish_within(self._cleanup(backend, names, str(args[0])), left)
             raise
 
     async def _cleanup(self, backend: Backend, names: Names, token: str) -> None:
