@@ -30,6 +30,7 @@ import redis
 from faultproxy import FaultProxy, Server
 
 import aioratelimit as arl
+from aioratelimit import _scripts
 from aioratelimit._idempotency import Claimed, IdempotencyStore
 
 #: The backend's reply timeout and connect timeout in these tests (seconds).
@@ -318,3 +319,17 @@ async def test_pings_keep_a_healthy_subscriber(
     await lease.release()
     broken = [r.getMessage() for r in caplog.records if "PING" in r.getMessage()]
     assert not broken, broken
+
+
+# -- what may be sent again -----------------------------------------------------------------
+
+
+async def test_only_releases_are_sent_again() -> None:
+    """Exactly the three release scripts are marked safe to send twice, and
+    ``run_repeatable`` refuses any other script before sending anything (a hit sent twice
+    would be counted twice)."""
+    repeatable = {name for name, s in _scripts.SCRIPTS.items() if s.repeatable}
+    assert repeatable == {"lock_release", "semaphore_release", "idem_release"}
+    async with arl.Backend.from_url("memory://") as backend:
+        with pytest.raises(ValueError, match="not safe to send twice"):
+            await backend.run_repeatable(_scripts.FIXED_WINDOW, ["k"], [1])
