@@ -558,3 +558,27 @@ async def test_prefix_separates_backends(backend: arl.Backend, make: Make, key: 
     assert (await make("1/hour", backend).hit(key)).allowed
     assert not (await make("1/hour", same).hit(key)).allowed  # the control
     assert (await make("1/hour", other).hit(key)).allowed
+
+
+async def test_memory_never_runs_backwards_when_the_wall_clock_steps_back(
+    make: Make, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """memory:// reads a monotonic clock anchored to the wall clock: with the wall clock
+    stepped back 30 s (NTP, a VM resumed) between hits, no decision reports a reset or a
+    retry beyond its window (a SlidingWindow's: the window plus one sub-window), and a
+    denied key is admitted again once its window has passed."""
+    window = 0.4
+    async with arl.Backend.from_url("memory://") as backend:
+        limiter = make(f"2/{int(window * 1000)}ms", backend)
+        assert (await limiter.hit(key)).allowed
+        real = time.time_ns
+        monkeypatch.setattr(time, "time_ns", lambda: real() - 30_000_000_000)
+        monkeypatch.setattr(time, "time", lambda: real() / 1e9 - 30.0)
+        decisions = [await limiter.hit(key) for _ in range(3)]
+        assert [d.allowed for d in decisions] == [True, False, False]
+        bound = window * 1.1  # a SlidingWindow: the window and one sub-window
+        for d in decisions:
+            assert 0 <= d.reset_after <= bound, d
+            assert 0 <= d.retry_after <= bound, d
+        await asyncio.sleep(bound + 0.05)
+        assert (await limiter.hit(key)).allowed

@@ -43,9 +43,19 @@ def twins() -> dict[str, Twin]:
 _TWINS = twins()
 
 
-def wall_clock_us() -> int:
-    """The default clock: microseconds since the epoch, like Redis ``TIME``."""
-    return time.time_ns() // 1000
+class AnchoredClock:
+    """The default clock: microseconds since the epoch, like Redis ``TIME``, read from the
+    wall clock once and then advanced by the monotonic clock. It never runs backwards when
+    the wall clock is stepped back (NTP, a VM resumed, a clock set by hand): a window or a
+    lease measured on it is never stretched by the step."""
+
+    __slots__ = ("_offset",)
+
+    def __init__(self) -> None:
+        self._offset = time.time_ns() - time.monotonic_ns()
+
+    def __call__(self) -> int:
+        return (time.monotonic_ns() + self._offset) // 1000
 
 
 class MemoryStore:
@@ -56,8 +66,8 @@ class MemoryStore:
     #: memory:// has no cluster: wake-ups are published in-process (see ``Backend``)
     publish_command = "PUBLISH"
 
-    def __init__(self, clock: Callable[[], int] = wall_clock_us) -> None:
-        self._clock = clock
+    def __init__(self, clock: Callable[[], int] | None = None) -> None:
+        self._clock = AnchoredClock() if clock is None else clock
         #: wake-ups are delivered in-process, synchronously, by the twins' PUBLISH
         self.notifier = Notifier(None)
         self.keyspace = Keyspace(self.notifier.deliver)
