@@ -157,6 +157,16 @@ async def test_clock(arl_backend: arl.Backend, arl_clock: ManualClock) -> None:
     assert await attempt("bob")
 
 
+@pytest.mark.anyio
+async def test_under_anyio(arl_backend: arl.Backend, anyio_backend: str) -> None:
+    assert await attempt("dee")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
 def test_sync(arl_backend: arl.Backend) -> None:
     assert asyncio.run(attempt("cy"))
 
@@ -168,13 +178,15 @@ def test_restored_after() -> None:
 """
 
 
-def test_the_pytest_plugin_in_a_users_suite(tmp_path: Path) -> None:
-    """The fixtures as a user's own pytest run sees them: a fresh default per test (no
-    count carries over), the clock moving only when advanced, the default put back."""
+@pytest.mark.parametrize("mode", ["strict", "auto"])
+def test_the_pytest_plugin_in_a_users_suite(tmp_path: Path, mode: str) -> None:
+    """The fixtures as a user's own pytest run sees them, under pytest-asyncio in either
+    mode, anyio's plugin and a sync test: a fresh default per test (no count carries
+    over), the clock moving only when advanced, the default put back."""
     (tmp_path / "conftest.py").write_text(USER_CONFTEST, encoding="utf-8")
     (tmp_path / "test_app.py").write_text(textwrap.dedent(USER_TESTS), encoding="utf-8")
     (tmp_path / "pytest.ini").write_text(
-        "[pytest]\nasyncio_mode = strict\nasyncio_default_fixture_loop_scope = function\n"
+        f"[pytest]\nasyncio_mode = {mode}\nasyncio_default_fixture_loop_scope = function\n"
         "filterwarnings = error\n",
         encoding="utf-8",
     )
@@ -189,4 +201,4 @@ def test_the_pytest_plugin_in_a_users_suite(tmp_path: Path) -> None:
         env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "5 passed" in proc.stdout, proc.stdout
+    assert "6 passed" in proc.stdout, proc.stdout
