@@ -121,8 +121,8 @@ def test_default_backend_refuses_what_is_not_a_backend() -> None:
     assert _backend._default is before
 
 
-#: A user's suite: the plugin through pytest_plugins, async tests under pytest-asyncio's
-#: strict mode (the fixtures are plain ones, so they need no asyncio mode) and a sync test.
+#: A user's suite: the plugin through pytest_plugins, async tests under pytest-asyncio and
+#: anyio (the fixtures are plain ones, so they need no async plugin) and a sync test.
 USER_CONFTEST = 'pytest_plugins = ["aioratelimit.testing"]\n'
 USER_TESTS = """
 import asyncio
