@@ -84,6 +84,9 @@ def draw(
         ax.step(steps, trailing, where="post", color="black", lw=1.2,
                 label=f"admitted in the last {RATE.window:g} s")  # fmt: skip
         ax.axhline(RATE.limit, color="black", ls=":", lw=1.0, label=f"limit {RATE.limit}")
+        if name == "FixedWindow":  # its windows start at the first hit, at 0 s
+            for edge in range(int(RATE.window), int(end), int(RATE.window)):
+                ax.axvline(edge, color=COLOURS[name], ls="--", lw=0.8)
         worst = most_in_a_window(admitted, RATE.window)
         ax.set_title(
             f'{name}("{RATE.limit}/{RATE.window:g}s"): {len(admitted)} admitted,'
