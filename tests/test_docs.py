@@ -181,3 +181,20 @@ def test_examples_type_check(request: pytest.FixtureRequest) -> None:
     """Every example passes mypy --strict, like the package and the tests."""
     proc = jobs.result(request)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_page_is_linked_from_the_index_and_the_readme() -> None:
+    """A page of docs/ nobody links to is a page nobody finds: docs/index.md and README.md
+    link every one (the recipes of issue 13 included)."""
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "index.md")
+    assert {"testing.md", "tiers.md", "outbound.md", "running.md"} <= set(pages)
+    assert [p for p in pages if f"]({p})" not in index] == []
+    assert [p for p in pages if f"](docs/{p})" not in readme] == []
+
+
+def test_every_recipe_page_has_examples_that_run() -> None:
+    """Each recipe page holds programs the tests run, not only fragments."""
+    pages = {example.page.name for example in EXAMPLES}
+    assert {"testing.md", "tiers.md", "outbound.md", "running.md"} <= pages
