@@ -159,9 +159,9 @@ class Limiter:
         block_us = to_us(check_seconds(seconds, "seconds"))
         backend = self._backend or get_backend()
         head = backend.heads.get(self._head_id) or backend.head(self._kind, self.name)
-        left = await backend.run(_scripts.LIMITER_BLOCK, [_keys.block(head, key)], (block_us,))
+        reply = await backend.run(_scripts.LIMITER_BLOCK, [_keys.block(head, key)], (block_us,))
         await self._invalidate(key)
-        return from_us(left)
+        return from_us(reply[0])
 
     async def refund(self, key: str, cost: int = 1) -> int:
         """Give back ``cost`` hits that an admitted hit counted for ``key``, under every rate
@@ -172,9 +172,9 @@ class Limiter:
         cost = self._check_cost(cost)
         backend = self._backend or get_backend()
         rate_keys = self._keys(backend, key)[:-1]
-        given = await backend.run(self._refund_script, rate_keys, (cost, *self._refund_args))
+        reply = await backend.run(self._refund_script, rate_keys, (cost, *self._refund_args))
         await self._invalidate(key)
-        return int(given)
+        return int(reply[0])
 
     async def _invalidate(self, key: str) -> None:
         # Where the deny cache (branch ``deny``) forgets a key's local denial.

@@ -111,9 +111,9 @@ class Mode(IntEnum):
     PARTIAL = 4  # admit as much of the cost as every rate allows
 
 
-#: the microseconds until the block in place ends
+#: ``{microseconds until the block in place ends, now_us}``
 LIMITER_BLOCK = _load("limiter_block")
-#: the most hits (tokens) given back under any one rate
+#: ``{the most hits (tokens) given back under any one rate, now_us}``
 FIXED_WINDOW_REFUND = _load("fixed_window_refund")
 SLIDING_WINDOW_REFUND = _load("sliding_window_refund")
 TOKEN_BUCKET_REFUND = _load("token_bucket_refund")

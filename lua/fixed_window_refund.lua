@@ -4,7 +4,7 @@
 -- KEYS[i]  counter of rate i (as in fixed_window.lua)
 -- ARGV[1]  cost  hits to give back (integer >= 1)
 --
--- Reply: the most hits given back under any one rate (0: no window held any).
+-- Reply: {the most hits given back under any one rate (0: no window held any), now_us}
 local cost = tonumber(ARGV[1])
 
 local t = redis.call('TIME')
@@ -24,4 +24,4 @@ for i = 1, #KEYS do
     if give > given then given = give end
   end
 end
-return given
+return {given, now}

@@ -7,7 +7,7 @@
 -- ARGV[1+2i] limit_i      integer >= 1 (unused: the same ARGV as sliding_window.lua's)
 -- ARGV[2+2i] window_us_i  window of rate i in microseconds (>= 1000)
 --
--- Reply: the most hits given back under any one rate (0: no bucket held any).
+-- Reply: {the most hits given back under any one rate (0: no bucket held any), now_us}
 local cost = tonumber(ARGV[1])
 local n = tonumber(ARGV[2])
 local slots = n + 1
@@ -45,4 +45,4 @@ for i = 1, #KEYS do
   end
   if cost - left > given then given = cost - left end
 end
-return given
+return {given, now}

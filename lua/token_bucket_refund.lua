@@ -5,7 +5,7 @@
 -- ARGV[1]  cost         tokens to give back (integer >= 1)
 -- ARGV[2]  interval_us  microseconds per token (integer >= 1)
 --
--- Reply: the tokens given back (a part of one counts as one).
+-- Reply: {the tokens given back (a part of one counts as one), now_us}
 local cost = tonumber(ARGV[1])
 local interval = tonumber(ARGV[2])
 
@@ -14,7 +14,7 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
 if tat <= now then
-  return 0
+  return {0, now}
 end
 local new_tat = tat - cost * interval
 if new_tat <= now then
@@ -22,7 +22,7 @@ if new_tat <= now then
   -- ceil((tat - now) / interval): what the bucket lacked, a part of a token as a token
   local lacked = math.floor((tat - now + interval - 1) / interval)
   if lacked > cost then lacked = cost end
-  return lacked
+  return {lacked, now}
 end
 redis.call('SET', KEYS[1], new_tat, 'PXAT', math.ceil(new_tat / 1000))
-return cost
+return {cost, now}

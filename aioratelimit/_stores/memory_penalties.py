@@ -21,9 +21,9 @@ def limiter_block(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: i
     ends = now + block_us
     old = int(ks.get(keys[0], now) or 0)
     if old > ends:
-        return old - now
+        return [old - now, now]
     ks.set(keys[0], ends, ceil_div(ends, 1000))
-    return block_us
+    return [block_us, now]
 
 
 # -- lua/fixed_window_refund.lua -----------------------------------------------------------
@@ -41,7 +41,7 @@ def fixed_window_refund(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], 
             else:
                 ks.data[key] = count - give
             given = max(given, give)
-    return given
+    return [given, now]
 
 
 # -- lua/sliding_window_refund.lua ---------------------------------------------------------
@@ -70,7 +70,7 @@ def sliding_window_refund(
                 left -= give
             idx -= 1
         given = max(given, cost - left)
-    return given
+    return [given, now]
 
 
 # -- lua/token_bucket_refund.lua -----------------------------------------------------------
@@ -80,10 +80,10 @@ def token_bucket_refund(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], 
     cost, interval = int(args[0]), int(args[1])
     tat = ks.get(keys[0], now) or 0
     if tat <= now:
-        return 0
+        return [0, now]
     new_tat = tat - cost * interval
     if new_tat <= now:
         ks.delete(keys[0], now)
-        return min(cost, ceil_div(tat - now, interval))
+        return [min(cost, ceil_div(tat - now, interval)), now]
     ks.set(keys[0], new_tat, ceil_div(new_tat, 1000))
-    return cost
+    return [cost, now]
