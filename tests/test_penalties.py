@@ -250,9 +250,19 @@ async def test_every_key_written_has_a_ttl(
 # -- bad input -----------------------------------------------------------------------------
 
 
-BAD_SECONDS = [(-1, ValueError), (0, ValueError), (math.nan, ValueError), (math.inf, ValueError)]
+BAD_SECONDS: list[tuple[Any, type[Exception]]] = [
+    (-1, ValueError),
+    (0, ValueError),
+    (math.nan, ValueError),
+    (math.inf, ValueError),
+]
 BAD_SECONDS += [("1", TypeError), (None, TypeError), (True, TypeError)]
-BAD_COSTS = [(0, ValueError), (-1, ValueError), (1.5, TypeError), (math.nan, TypeError)]
+BAD_COSTS: list[tuple[Any, type[Exception]]] = [
+    (0, ValueError),
+    (-1, ValueError),
+    (1.5, TypeError),
+    (math.nan, TypeError),
+]
 BAD_COSTS += [("1", TypeError), (True, TypeError)]
 
 
