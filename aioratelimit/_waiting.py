@@ -3,18 +3,22 @@
 
 Sleeping ``retry_after`` and trying again, every waiter at once, costs a retry storm: the
 waiters of a key wake together and all but one are denied again (a TokenBucket of burst 1
-took 30 script calls per admitted request across 3 processes). Two remedies:
+took 30 script calls per admitted request across 3 processes), and whichever process asks
+first takes all the capacity there is. Instead:
 
-- **A TokenBucket books its slot.** Its script (``lua/token_bucket.lua`` with
-  ``max_wait_us``) moves the TAT on for a hit that will conform within the waiter's
-  timeout and answers when: the waiter sleeps once and goes. One call per admitted
-  request, first come first served across every process (the order Redis sees). A waiter
-  cancelled in its sleep gives its slot back (``token_bucket_refund.lua``).
-- **The windows queue per key.** In each process, the waiters of one key form a line
-  (FIFO); only its head calls the script: it sleeps ``retry_after`` and tries again; once
-  admitted it leaves, and the next head tries at once. Waiters behind the head cost
-  nothing; an admitted request costs its hit, plus about one denied try of the head per
-  moment capacity comes back (per process).
+- **One line per key and process.** The waiters of one key in one process form a line,
+  first come first served; only its head calls the script. Once admitted, it leaves and
+  the next head tries at once; waiters behind it cost nothing. Each process has one try
+  in flight per key, so the processes' tries alternate at the server and capacity is
+  shared between them about evenly.
+- **A TokenBucket's head books its slot.** Its script (``lua/token_bucket.lua`` with
+  ``max_wait_us``) moves the TAT on for a hit that will conform within the head's
+  timeout and answers when: the head sleeps once, then leaves the line. One call per
+  admitted request; the next head books when the previous slot comes, so each process
+  holds one booking at a time and the slots go round the processes. A head cancelled in
+  its sleep gives its slot back (``token_bucket_refund.lua``).
+- **A window's head sleeps ``retry_after``** and tries again: an admitted request costs
+  its hit, plus about one denied try per moment capacity comes back (per process).
 """
 
 from __future__ import annotations
@@ -72,63 +76,14 @@ async def wait(limiter: Waitable, key: str, cost: int, timeout: float | None) ->
     """Admit ``cost`` for ``key`` once the limiter allows, within ``timeout`` seconds."""
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
-    if limiter._reserves:
-        return await _booked(limiter, key, cost, deadline, timeout)
-    return await _queued(limiter, key, cost, deadline, timeout)
-
-
-def _timed_out(key: str, timeout: float | None, decision: Decision) -> RateLimited:
-    return RateLimited(f"rate limited: {key!r} (timeout {timeout} s)", decision=decision)
-
-
-async def _booked(
-    limiter: Waitable, key: str, cost: int, deadline: float | None, timeout: float | None
-) -> Decision:
-    loop = asyncio.get_running_loop()
-    while True:
-        left = NO_LIMIT_US if deadline is None else int((deadline - loop.time()) * 1e6)
-        decision = await limiter._decide(key, cost, 1, max(left, 0))
-        if decision.allowed and decision.retry_after == 0:
-            return decision
-        if decision.allowed:
-            # Booked: the hit is counted for then; sleep once. Cancelled meanwhile, the
-            # slot is given back (the booking's reply arrived, so the refund is exact).
-            try:
-                await asyncio.sleep(decision.retry_after + TIMER_SLACK)
-            except asyncio.CancelledError:
-                await finish(limiter.refund(key, cost))
-                raise
-            return Decision(
-                True, decision.limit, decision.remaining, decision.reset_after, 0.0, cost
-            )
-        # Denied: the slot is beyond the timeout, or the key is blocked.
-        if deadline is not None and loop.time() + decision.retry_after > deadline:
-            raise _timed_out(key, timeout, decision)
-        await asyncio.sleep(decision.retry_after + TIMER_SLACK)
-
-
-async def _queued(
-    limiter: Waitable, key: str, cost: int, deadline: float | None, timeout: float | None
-) -> Decision:
-    loop = asyncio.get_running_loop()
     lines = _lines.get(loop)
     if lines is None:
         lines = _lines[loop] = {}
     backend = limiter.backend
     name = (id(backend), limiter._keys(backend, key)[0])
-    decision: Decision | None = None
     line = lines.get(name)
     if line is None:
-        # No one waits for this key here: try at once (most calls are admitted).
-        decision = await limiter._decide(key, cost, limiter._hit_mode)
-        if decision.allowed:
-            return decision
-        line = lines.get(name)  # (another waiter may have started one meanwhile)
-        if line is None:
-            line = lines[name] = _Line()
-            line.last = decision
-    else:
-        decision = line.last
+        line = lines[name] = _Line()
     waiters = line.waiters
     me: asyncio.Future[None] = loop.create_future()
     waiters.append(me)
@@ -139,19 +94,8 @@ async def _queued(
                 async with asyncio.timeout_at(deadline):
                     await me
             except TimeoutError:
-                last = line.last or decision
-                assert last is not None  # the line's first waiter was denied once
-                raise _timed_out(key, timeout, last) from None
-            decision = None
-        while True:
-            if decision is None:
-                decision = line.last = await limiter._decide(key, cost, limiter._hit_mode)
-                if decision.allowed:
-                    return decision
-            if deadline is not None and loop.time() + decision.retry_after > deadline:
-                raise _timed_out(key, timeout, decision)
-            await asyncio.sleep(decision.retry_after + TIMER_SLACK)
-            decision = None
+                raise _timed_out(key, timeout, line.last) from None
+        return await _head(limiter, line, key, cost, deadline, timeout)
     finally:
         # Leave the line; the next waiter becomes its head and tries at once.
         if waiters and waiters[0] is me:
@@ -162,3 +106,46 @@ async def _queued(
             waiters.remove(me)
         if not waiters and lines.get(name) is line:
             del lines[name]
+
+
+async def _head(
+    limiter: Waitable,
+    line: _Line,
+    key: str,
+    cost: int,
+    deadline: float | None,
+    timeout: float | None,
+) -> Decision:
+    """The head of the line: try, and sleep until the try can succeed, until admitted."""
+    loop = asyncio.get_running_loop()
+    while True:
+        if limiter._reserves:
+            left = NO_LIMIT_US if deadline is None else int((deadline - loop.time()) * 1e6)
+            decision = await limiter._decide(key, cost, 1, max(left, 0))
+        else:
+            decision = await limiter._decide(key, cost, limiter._hit_mode)
+        line.last = decision
+        if decision.allowed:
+            if decision.retry_after == 0:
+                return decision
+            # Booked: the hit is counted for then; sleep once. Cancelled meanwhile, the
+            # slot is given back (the booking's reply arrived, so the refund is exact).
+            try:
+                await asyncio.sleep(decision.retry_after + TIMER_SLACK)
+            except asyncio.CancelledError:
+                await finish(limiter.refund(key, cost))
+                raise
+            return Decision(
+                True, decision.limit, decision.remaining, decision.reset_after, 0.0, cost
+            )
+        # Denied: a TokenBucket's slot is beyond the timeout, or the key is blocked, or a
+        # window is full until retry_after.
+        if deadline is not None and loop.time() + decision.retry_after > deadline:
+            raise _timed_out(key, timeout, decision)
+        await asyncio.sleep(decision.retry_after + TIMER_SLACK)
+
+
+def _timed_out(key: str, timeout: float | None, decision: Decision | None) -> RateLimited:
+    if decision is None:  # timed out in the line before the head's first answer
+        decision = Decision(False, 0, 0, 0.0, 0.0, 0)
+    return RateLimited(f"rate limited: {key!r} (timeout {timeout} s)", decision=decision)
