@@ -102,11 +102,28 @@ def _load(name: str, *, after: str | None = None, repeatable: bool = False) -> S
 
 LUA_DIR = _lua_dir()
 
-#: ``{allowed, limit, remaining, reset_after_us, retry_after_us, now_us}``: read by
-#: ``_rates.Decision.from_reply``.
+#: ``{allowed, limit, remaining, reset_after_us, retry_after_us, now_us, granted}``: read
+#: by ``_rates.Decision.from_reply``. ARGV[2] is a ``Mode``.
 FIXED_WINDOW = _load("fixed_window")
 SLIDING_WINDOW = _load("sliding_window")
 TOKEN_BUCKET = _load("token_bucket")
+
+
+class Mode(IntEnum):
+    """ARGV[2] of the limiter scripts; ``PARTIAL`` is added to one of the other three."""
+
+    PEEK = 0  # write nothing
+    HIT = 1  # count when admitted
+    HIT_COUNT_DENIED = 2  # count a denied hit too
+    PARTIAL = 4  # admit as much of the cost as every rate allows
+
+
+#: ``{microseconds until the block in place ends, now_us}``
+LIMITER_BLOCK = _load("limiter_block")
+#: ``{the most hits (tokens) given back under any one rate, now_us}``
+FIXED_WINDOW_REFUND = _load("fixed_window_refund")
+SLIDING_WINDOW_REFUND = _load("sliding_window_refund")
+TOKEN_BUCKET_REFUND = _load("token_bucket_refund")
 #: the number of keys that existed
 DELETE = _load("delete")
 

@@ -50,9 +50,10 @@ class Recorder:
         backend.run = run
 
     def admitted(self) -> list[tuple[int, int]]:
-        """(now_us, cost) of every admitted limiter hit (peeks excluded), by server time."""
+        """(now_us, cost) of every admitted limiter hit (peeks excluded), by server time: a
+        TokenBucket waiter's booking is admitted at now_us + retry_after_us."""
         return sorted(
-            (int(reply[5]), int(args[0]))
+            (int(reply[5]) + int(reply[4]), int(args[0]))
             for name, args, reply in self.calls
             if name != "delete" and int(args[1]) == 1 and reply[0] == 1
         )
@@ -244,7 +245,7 @@ async def test_fixed_window_decision_fields(backend: arl.Backend, key: str) -> N
     """FixedWindow: the window starts at the first hit, so its reset_after is the window."""
     limiter = arl.FixedWindow("2/minute", backend=backend)
     first = await limiter.hit(key)
-    assert first == arl.Decision(True, 2, 1, 60.0, 0.0)
+    assert first == arl.Decision(True, 2, 1, 60.0, 0.0, granted=1)
     second = await limiter.hit(key)
     assert (second.allowed, second.remaining, second.retry_after) == (True, 0, 0.0)
     assert 50 < second.reset_after <= 60
@@ -317,7 +318,7 @@ async def test_token_bucket_decision_fields(backend: arl.Backend, key: str) -> N
     """TokenBucket: each token takes window/limit to come back; limit is the burst."""
     limiter = arl.TokenBucket("2/minute", backend=backend)
     first = await limiter.hit(key)
-    assert first == arl.Decision(True, 2, 1, 30.0, 0.0)
+    assert first == arl.Decision(True, 2, 1, 30.0, 0.0, granted=1)
     second = await limiter.hit(key)
     assert (second.allowed, second.remaining, second.retry_after) == (True, 0, 0.0)
     assert 59 < second.reset_after <= 60
@@ -445,8 +446,14 @@ async def test_wait_sleeps_for_retry_after_and_succeeds(
         assert decision.allowed
     elapsed = time.monotonic() - started
     first_retry = recorder.calls[0][2][4] / 1e6
-    assert recorder.calls[0][2][0] == 0  # the first try was denied...
-    assert 2 <= recorder.limiter_calls() <= 4  # ...then it slept instead of polling
+    if isinstance(limiter, arl.TokenBucket):
+        # One call: the slot was booked (admitted, retry_after_us ahead), then it slept.
+        assert recorder.calls[0][2][0] == 1
+        assert first_retry > 0
+        assert recorder.limiter_calls() == 1
+    else:
+        assert recorder.calls[0][2][0] == 0  # the first try was denied...
+        assert 2 <= recorder.limiter_calls() <= 4  # ...then it slept instead of polling
     assert first_retry - 0.01 <= elapsed < 5
 
 
