@@ -33,7 +33,16 @@ FLOORS: list[tuple[str, set[str]]] = [
     ),
     (
         "primitives",
-        {"_ratelimit", "_lock", "_lease", "_idempotency", "_idempotent", "_results", "_tokens"},
+        {
+            "_ratelimit",
+            "_lock",
+            "_lease",
+            "_idempotency",
+            "_idempotent",
+            "_results",
+            "_tokens",
+            "_admin",
+        },
     ),
     ("backend", {"_backend"}),
     ("stores", set()),  # every module of _stores/

@@ -2,8 +2,8 @@
 
 ``MemoryStore.run(script, keys, args)`` answers exactly what a Redis store answers for the
 same script, keys and arguments, given the same clock reading. The twins live in
-``memory_ratelimit``, ``memory_locks`` and ``memory_idempotency``, one function per file of
-``lua/``, named like it; the dispatch is derived from those names, and
+``memory_ratelimit``, ``memory_locks``, ``memory_idempotency`` and ``memory_server``, one
+function per file of ``lua/``, named like it; the dispatch is derived from those names, and
 ``tests/test_oracle.py`` runs the real Lua (fakeredis with lupa) against every twin.
 
 Keys expire by Redis's rule (``keyspace``); expired keys are dropped when touched and by an
@@ -20,13 +20,18 @@ from types import ModuleType
 
 from .._notify import Notifier
 from .._scripts import SCRIPTS, Arg, Reply, Script
-from . import memory_idempotency, memory_locks, memory_ratelimit
+from . import memory_idempotency, memory_locks, memory_ratelimit, memory_server
 from .keyspace import Keyspace
 
 Twin = Callable[[Keyspace, Sequence[str], Sequence[Arg], int], Reply]
 
 #: The modules that hold the twins.
-TWIN_MODULES: tuple[ModuleType, ...] = (memory_ratelimit, memory_locks, memory_idempotency)
+TWIN_MODULES: tuple[ModuleType, ...] = (
+    memory_ratelimit,
+    memory_locks,
+    memory_idempotency,
+    memory_server,
+)
 
 
 def twins() -> dict[str, Twin]:
