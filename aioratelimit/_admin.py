@@ -56,16 +56,18 @@ async def semaphore_state(sem: Semaphore) -> list[Holder]:
     return [Holder(pairs[i], pairs[i + 1] / 1000) for i in range(0, len(pairs), 2)]
 
 
-async def force_release(lock: Lock) -> int | None:
+async def force_release(lock: Lock, fence: int | None = None) -> int | None:
     """Free ``lock`` whatever token holds it, waking its waiters as a release does
-    (``lock_force_release``). Returns the fence of the holder it freed, or None when
-    nobody held it (then nothing was written)."""
+    (``lock_force_release``); with ``fence``, only if its holder is still that one.
+    Returns the fence of the holder it freed, or None when it freed nothing (nobody held
+    it, or another holder than ``fence`` does): then nothing was written."""
     backend = lock.backend
     names = lock._names(backend)
-    released, fence = await backend.run(
-        _scripts.LOCK_FORCE_RELEASE, names.owner_keys, (names.channel, names.publish)
+    expected = "" if fence is None else str(fence)
+    released, freed = await backend.run(
+        _scripts.LOCK_FORCE_RELEASE, names.owner_keys, (names.channel, names.publish, expected)
     )
-    return int(fence) if released == 1 else None
+    return int(freed) if released == 1 else None
 
 
 @dataclass(frozen=True, slots=True)

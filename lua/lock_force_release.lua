@@ -7,11 +7,15 @@
 -- KEYS[1]  the lock (string "<token>:<fence>", or the tombstone "~<token>:<fence>")
 -- ARGV[1]  channel  the lock's wake-up channel (same hash tag), told when the lock is left free
 -- ARGV[2]  publish  the command that wakes them: 'PUBLISH', or 'SPUBLISH' on a cluster
+-- ARGV[3]  fence    free it only if its holder has this fence (the one the operator was
+--                   shown and confirmed), or '' whatever the holder
 --
--- Reply: {1, fence}  released now; fence is the one the holder had
---        {0, 0}      nobody held it: nothing written, nobody woken
+-- Reply: {1, fence}   released now; fence is the one the holder had
+--        {0, 0}       nobody held it: nothing written, nobody woken
+--        {-1, fence}  held by another holder than ARGV[3] names: nothing written
 local channel = ARGV[1]
 local publish = ARGV[2]
+local expected = ARGV[3]
 
 local held = redis.call('GET', KEYS[1])
 if not held or string.sub(held, 1, 1) == '~' then
@@ -19,6 +23,9 @@ if not held or string.sub(held, 1, 1) == '~' then
 end
 local sep = string.find(held, ':', 1, true)
 local fence = sep and string.sub(held, sep + 1) or '0'
+if expected ~= '' and fence ~= expected then
+  return {-1, tonumber(fence) or 0}
+end
 redis.call('SET', KEYS[1], '~:' .. fence, 'KEEPTTL')
 redis.call(publish, channel, '')
 return {1, tonumber(fence) or 0}

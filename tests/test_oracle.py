@@ -355,7 +355,10 @@ def lock_calls() -> st.SearchStrategy[Call]:
         key, channel = lock_names(name)
         locked.append(Call("lock_locked", (key,), ()))
         locked.append(Call("lock_holder", (key,), ()))
-        release += [Call("lock_force_release", (key,), (channel, p)) for p in PUBLISH]
+        release += [
+            Call("lock_force_release", (key,), (channel, p, fence))
+            for p, fence in product(PUBLISH, ("", str(T0), str(T0 + 1)))
+        ]
         for token, ms in product(TOKENS, TTLS_MS):
             acquire.append(Call("lock_acquire", (key,), (token, ms)))
             extend.append(Call("lock_extend", (key,), (token, ms)))
@@ -611,7 +614,7 @@ class Locks(Oracle):
         "lock_extend": {0, 1},
         "lock_locked": {0, 1},
         "lock_holder": {0, 1},
-        "lock_force_release": {0, 1},
+        "lock_force_release": {-1, 0, 1},
     }
 
     @rule(move=MOVES, call=lock_calls())
@@ -837,7 +840,7 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     await _admin.lock_state(lock)
     await _admin.force_release(lock)
     expect("lock_holder", [key], ())
-    expect("lock_force_release", [key], (channel, "PUBLISH"))
+    expect("lock_force_release", [key], (channel, "PUBLISH", ""))
 
     sem = arl.Semaphore("S1", limit=2, ttl=0.0015, backend=backend)
     lease = await sem.acquire(timeout=0)

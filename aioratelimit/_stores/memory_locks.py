@@ -229,13 +229,15 @@ def lock_holder(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int
 
 
 def lock_force_release(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
-    channel = str(args[0])
+    channel, expected = str(args[0]), str(args[2])
     held: str | None = ks.get(keys[0], now)
     if held is None or held.startswith("~"):
         return [0, 0]
     _, sep, fence = held.partition(":")
     if not sep:
         fence = "0"
+    if expected and fence != expected:
+        return [-1, int(fence) if fence.isdigit() else 0]
     ks.data[keys[0]] = f"~:{fence}"  # SET ... KEEPTTL
     ks.publish(channel, "")
     return [1, int(fence) if fence.isdigit() else 0]
