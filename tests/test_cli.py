@@ -364,7 +364,9 @@ def test_inspect_idempotency_never_prints_the_result_unless_asked(redis_url: str
 
 def test_reset_limit_forgets_the_key_under_every_rate(redis_url: str, key: str) -> None:
     """`reset limit KEY --fixed ...` forgets the key's hits under each rate of the spec."""
-    limiter = lambda b: arl.FixedWindow("2/minute", "5/hour", backend=b)  # noqa: E731
+
+    def limiter(backend: arl.Backend) -> arl.FixedWindow:
+        return arl.FixedWindow("2/minute", "5/hour", backend=backend)
 
     async def spend(backend: arl.Backend) -> bool:
         for _ in range(2):
