@@ -155,6 +155,17 @@ IDEM_RENEW = _load("idem_renew")  # 1 renewed, 0 not held by this owner
 IDEM_COMPLETE = _load("idem_complete")  # 1 stored, 0 not held by this owner
 #: 1 released, 0 not held by this owner (also what a repeat after a lost reply answers)
 IDEM_RELEASE = _load("idem_release", repeatable=True)
+IDEM_STATE = _load("idem_state")  # {IdemState, pttl_ms, lease_left_us, result}; reads only
+
+
+class IdemState(IntEnum):
+    """The first element of ``idem_state``'s reply."""
+
+    NONE = 0  # no record
+    IN_PROGRESS = 1  # the owner's lease still runs
+    COMPLETED = 2  # a result is stored
+    ABANDONED = 3  # in progress, but the lease has passed
+
 
 #: ``{1, fence}`` held, ``{0, wait_ms}`` held by another (also ``semaphore_acquire``)
 LOCK_ACQUIRE = _load("lock_acquire")
@@ -177,6 +188,15 @@ SEMAPHORE_ACQUIRE = _load("semaphore_acquire", after="semaphore_common")
 SEMAPHORE_RELEASE = _load("semaphore_release", after="semaphore_common", repeatable=True)
 SEMAPHORE_EXTEND = _load("semaphore_extend", after="semaphore_common")
 SEMAPHORE_HOLDERS = _load("semaphore_holders")  # the number of live holders
+
+# What an operator reads and forces (``aioratelimit inspect``, ``reset --force``, ``doctor``).
+LOCK_HOLDER = _load("lock_holder")  # {held 1/0, fence, pttl_ms}; reads only
+LOCK_FORCE_RELEASE = _load("lock_force_release")  # {1, fence} released, {0, 0} not held
+SEMAPHORE_LIST = _load("semaphore_list")  # {fence, ttl_ms, ...} per live holder; reads only
+SERVER_CHECK = _load("server_check")  # {time_s, time_us, version, mode, undeclared}
+
+#: The oldest Redis the scripts run on (the one place it is written: ``doctor`` reads it).
+MIN_REDIS_VERSION = (7, 0)
 
 
 #: Every script by name: what the memory store must have a twin for (a test checks it).

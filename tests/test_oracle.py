@@ -60,7 +60,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_sta
 from script_checks import KEYS_CHECK
 
 import aioratelimit as arl
-from aioratelimit import _keys
+from aioratelimit import _admin, _keys
 from aioratelimit._idempotency import Claimed, IdempotencyStore, _fingerprint
 from aioratelimit._scripts import SCRIPTS, Arg, Reply, Script
 from aioratelimit._stores.keyspace import Keyspace, expired
@@ -247,7 +247,7 @@ State = tuple[bytes, Any, int] | None
 
 #: the type of every key a script writes, by the kind in its name (``oracle:<kind>:...``)
 TYPES = {"fw": b"string", "tb": b"string", "sw": b"hash", "lock": b"string", "tok": b"string"}
-TYPES.update({"idem": b"hash", "sem": b"zset", "sem-fence": b"hash"})
+TYPES.update({"idem": b"hash", "sem": b"zset", "sem-fence": b"hash", "doctor": b"string"})
 
 
 def key_type(key: str) -> bytes:
@@ -393,11 +393,17 @@ def limiter_calls(script: str, limiters: Callable[[str], list[Limiter]]) -> st.S
 
 
 def lock_calls() -> st.SearchStrategy[Call]:
-    """Acquisitions (and the same one sent again), releases, extensions, ``locked``."""
+    """Acquisitions (and the same one sent again), releases, extensions, ``locked``, an
+    operator's reads and forced releases."""
     acquire, release, extend, locked = [], [], [], []
     for name in LOCK_NAMES:
         key, channel = lock_names(name)
         locked.append(Call("lock_locked", (key,), ()))
+        locked.append(Call("lock_holder", (key,), ()))
+        release += [
+            Call("lock_force_release", (key,), (channel, p, fence))
+            for p, fence in product(PUBLISH, ("", str(T0), str(T0 + 1)))
+        ]
         for token, ms in product(TOKENS, TTLS_MS):
             acquire.append(Call("lock_acquire", (key,), (token, ms)))
             extend.append(Call("lock_extend", (key,), (token, ms)))
@@ -412,6 +418,7 @@ def semaphore_calls() -> st.SearchStrategy[Call]:
         zset, fences, channel = semaphore_names(name)
         keys = (zset, fences)
         holders.append(Call("semaphore_holders", (zset,), ()))
+        holders.append(Call("semaphore_list", keys, ()))
         for token, ms in product(TOKENS, TTLS_MS):
             acquire += [Call("semaphore_acquire", keys, (token, ms, n)) for n in (1, 2, 3)]
             extend.append(Call("semaphore_extend", keys, (token, ms)))
@@ -432,7 +439,10 @@ def token_calls() -> st.SearchStrategy[Call]:
 def idempotency_calls() -> st.SearchStrategy[Call]:
     """Claims by two owners (the one holding, the one not) under a few fingerprints,
     renewals, completions and releases."""
-    claim, renew, complete, release = [], [], [], []
+    claim, renew, complete, release, state = [], [], [], [], []
+    for key in IDEM_KEYS:
+        record, _ = idem_names(key)
+        state += [Call("idem_state", (record,), (w,)) for w in ("0", "1")]
     for key, owner in product(IDEM_KEYS, TOKENS[:2]):
         record, channel = idem_names(key)
         keys = (record,)
@@ -444,7 +454,17 @@ def idempotency_calls() -> st.SearchStrategy[Call]:
                 Call("idem_complete", keys, (owner, result, us, channel, p))
                 for result, p in product(RESULTS, PUBLISH)
             ]
-    return weighted((claim, 3), (renew, 1), (complete, 3), (release, 2))
+    return weighted((claim, 3), (renew, 1), (complete, 3), (release, 2), (state, 2))
+
+
+def server_calls() -> st.SearchStrategy[Call]:
+    """``doctor``'s question, under both user keys' tags."""
+    calls = []
+    for user in USERS:
+        probe = _keys.tagged(head("doctor"), user, ":declared")
+        other = _keys.tagged(head("doctor"), user, ":undeclared")
+        calls.append(Call("server_check", (probe,), (other,)))
+    return weighted((calls, 1))
 
 
 # -- the machines --------------------------------------------------------------------------
@@ -534,7 +554,12 @@ class Oracle(RuleBasedStateMachine):
 
     def remember(self, name: str, reply: Reply, now: int) -> None:
         """Count the branch the call took; keep the instants its reply names."""
-        first = reply[0] if isinstance(reply, list) else reply
+        if name == "semaphore_list":  # pairs (fence, ttl): none, one or several holders
+            first = min(len(reply) // 2, 2)
+        elif name == "server_check":  # {time_s, time_us, version, mode, undeclared}
+            first = reply[4]
+        else:
+            first = reply[0] if isinstance(reply, list) else reply
         self.seen[name, int(first)] += 1
         if name in ("fixed_window", "sliding_window", "token_bucket"):
             ahead = [reply[3], reply[4]]  # reset_after_us, retry_after_us
@@ -651,6 +676,8 @@ class Locks(Oracle):
         "lock_release": {-1, 0, 1, 2},
         "lock_extend": {0, 1},
         "lock_locked": {0, 1},
+        "lock_holder": {0, 1},
+        "lock_force_release": {-1, 0, 1},
     }
 
     @rule(move=MOVES, call=lock_calls())
@@ -667,6 +694,7 @@ class Semaphores(Oracle):
         "semaphore_release": {0, 1, 2},
         "semaphore_extend": {0, 1},
         "semaphore_holders": {0, 1},
+        "semaphore_list": {0, 1},  # (2, several holders, is reached less often)
     }
 
     @rule(move=MOVES, call=semaphore_calls())
@@ -697,9 +725,21 @@ class Idempotency(Oracle):
         "idem_renew": {0, 1},
         "idem_complete": {0, 1},
         "idem_release": {0, 1},
+        "idem_state": {0, 1, 2, 3},
     }
 
     @rule(move=MOVES, call=idempotency_calls())
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
+class ServerChecks(Oracle):
+    """``doctor``'s question: the clock, no INFO on either side, undeclared keys allowed."""
+
+    branches: ClassVar[dict[str, set[int]]] = {"server_check": {0}}
+
+    @rule(move=MOVES, call=server_calls())
     def step(self, move: Move, call: Call) -> None:
         self.move(move)
         self.call(call)
@@ -713,9 +753,15 @@ MACHINES = [
     Semaphores,
     OneShotTokens,
     Idempotency,
+    ServerChecks,
 ]
 #: examples per machine (of 60 steps, each one call)
-EXAMPLES = {machine: 15 for machine in MACHINES} | {Locks: 20, Idempotency: 20, OneShotTokens: 10}
+EXAMPLES = {machine: 15 for machine in MACHINES} | {
+    Locks: 20,
+    Idempotency: 20,
+    OneShotTokens: 10,
+    ServerChecks: 3,
+}
 
 
 def test_the_machines_call_every_script() -> None:
@@ -872,6 +918,10 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     expect("lock_extend", [key], (token, 5))
     expect("lock_locked", [key], ())
     expect("lock_release", [key], (token, 5, channel, "PUBLISH"))
+    await _admin.lock_state(lock)
+    await _admin.force_release(lock)
+    expect("lock_holder", [key], ())
+    expect("lock_force_release", [key], (channel, "PUBLISH", ""))
 
     sem = arl.Semaphore("S1", limit=2, ttl=0.0015, backend=backend)
     lease = await sem.acquire(timeout=0)
@@ -884,6 +934,8 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     expect("semaphore_extend", [holders, fences], (token, 2))
     expect("semaphore_holders", [holders], ())
     expect("semaphore_release", [holders, fences], (token, 2, channel, "PUBLISH"))
+    await _admin.semaphore_state(sem)
+    expect("semaphore_list", [holders, fences], ())
 
     one_shot = await arl.issue_token(ttl=0.0025, subject="alice", backend=backend)
     await arl.consume_token(one_shot, "bob", backend=backend)
@@ -907,6 +959,18 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     expect("idem_complete", [record], (owner, RESULTS[1], 30_000_000, channel, "PUBLISH"))
     expect("idem_claim", [other], (second, "", 1_000))
     expect("idem_release", [other], (second, other_channel, "PUBLISH"))
+    await _admin.idempotency_state("order-1", backend=backend)
+    await _admin.idempotency_state("order-1", backend=backend, with_result=True)
+    expect("idem_state", [record], ("0",))
+    expect("idem_state", [record], ("1",))
+
+    await _admin.server_facts(backend, "u")
+    doctor = head(_admin.PROBE_KIND)
+    expect(
+        "server_check",
+        [_keys.tagged(doctor, "u", ":declared")],
+        (_keys.tagged(doctor, "u", ":undeclared"),),
+    )
 
     await backend.aclose()
     assert calls == sent

@@ -2,9 +2,10 @@
 
 ``MemoryStore.run(script, keys, args)`` answers exactly what a Redis store answers for the
 same script, keys and arguments, given the same clock reading. The twins live in
-``memory_ratelimit``, ``memory_penalties``, ``memory_locks`` and ``memory_idempotency``,
-one function per file of ``lua/``, named like it; the dispatch is derived from those names, and
-``tests/test_oracle.py`` runs the real Lua (fakeredis with lupa) against every twin.
+``memory_ratelimit``, ``memory_penalties``, ``memory_locks``, ``memory_idempotency`` and
+``memory_server``, one function per file of ``lua/``, named like it; the dispatch is derived
+from those names, and ``tests/test_oracle.py`` runs the real Lua (fakeredis with lupa)
+against every twin.
 
 Keys expire by Redis's rule (``keyspace``); expired keys are dropped when touched and by an
 amortised sweep, so memory stays bounded by the keys that are live. A ``threading.Lock``
@@ -20,7 +21,7 @@ from types import ModuleType
 
 from .._notify import Notifier
 from .._scripts import SCRIPTS, Arg, Reply, Script
-from . import memory_idempotency, memory_locks, memory_penalties, memory_ratelimit
+from . import memory_idempotency, memory_locks, memory_penalties, memory_ratelimit, memory_server
 from .keyspace import Keyspace
 
 Twin = Callable[[Keyspace, Sequence[str], Sequence[Arg], int], Reply]
@@ -31,6 +32,7 @@ TWIN_MODULES: tuple[ModuleType, ...] = (
     memory_penalties,
     memory_locks,
     memory_idempotency,
+    memory_server,
 )
 
 
