@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import ParamSpec, TypeVar
 
-from . import _keys, _scripts
+from . import _keys, _observe, _scripts
 from ._aio import finish
 from ._args import check_int, check_key, check_seconds, check_timeout, from_us, to_us
 from ._backend import Backend, get_backend
@@ -121,6 +121,12 @@ class Claimed:
 
 
 Outcome = Claimed | Replay | InProgress
+#: What each outcome is called in metrics (``_observe``).
+_OUTCOMES: dict[type, str] = {
+    Claimed: _observe.FIRST_RUN,
+    Replay: _observe.REPLAY,
+    InProgress: _observe.IN_PROGRESS,
+}
 
 
 def _fingerprint(fingerprint: str | bytes | None) -> str:
@@ -179,6 +185,11 @@ class IdempotencyStore:
 
         Raises ``IdempotencyKeyMismatch`` if the key holds a record of another fingerprint.
         """
+        if _observe.recorder is not None:
+            return await _observe.claim(self.name, self._claim(key, fingerprint), _OUTCOMES)
+        return await self._claim(key, fingerprint)
+
+    async def _claim(self, key: str, fingerprint: str | bytes | None) -> Outcome:
         if type(key) is not str or not key:
             check_key(key)  # raises
         fp = "" if fingerprint is None else _fingerprint(fingerprint)

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from . import _keys, _scripts
+from . import _keys, _observe, _scripts
 from ._args import check_int, check_key, check_timeout
 from ._backend import Backend, get_backend
 from ._errors import RateLimited
@@ -95,10 +95,17 @@ class Limiter:
         return backend.run(self._script, self._keys(backend, key), (cost, commit, *self._args))
 
     async def _decide(self, key: str, cost: int, commit: int) -> Decision:
+        if _observe.recorder is not None:
+            return await _observe.decide(
+                self.name, self._script.name, self._send, key, cost, commit
+            )
         return Decision.from_reply(await self._send(key, cost, commit))
 
     async def hit(self, key: str, cost: int = 1) -> Decision:
         """Count ``cost`` hits for ``key`` if every rate admits them (a denied hit counts none)."""
+        # Instrumentation off costs this one test (benchmarks/bench_observability.py).
+        if _observe.recorder is not None:
+            return await _observe.decide(self.name, self._script.name, self._send, key, cost, 1)
         return Decision.from_reply(await self._send(key, cost, 1))
 
     async def peek(self, key: str, cost: int = 1) -> Decision:

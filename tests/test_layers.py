@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "aioratelimit"
 
 #: Floors, top first. A module may import from its own floor or any floor below it.
 FLOORS: list[tuple[str, set[str]]] = [
-    ("faces", {"", "__main__", "asgi", "fastapi", "_cli"}),
+    ("faces", {"", "__main__", "asgi", "fastapi", "otel", "_cli"}),
     (
         "web support",
         {
@@ -38,7 +38,10 @@ FLOORS: list[tuple[str, set[str]]] = [
     ("backend", {"_backend"}),
     ("stores", set()),  # every module of _stores/
     ("wake-ups", {"_notify"}),
-    ("leaves", {"_scripts", "_keys", "_rates", "_args", "_urls", "_aio", "_errors"}),
+    (
+        "leaves",
+        {"_observe", "_scripts", "_keys", "_rates", "_args", "_urls", "_aio", "_errors"},
+    ),
 ]
 
 

@@ -1,0 +1,188 @@
+"""Instrumentation: what the primitives report, and the one recorder that hears it.
+
+``recorder`` is None until instrumentation is switched on (``aioratelimit.otel.instrument``);
+a hot path (a decision, an acquire, a claim) tests it once and, when it is None, does nothing
+else. Everything reported names the operation (the limiter's name, its algorithm, lock or
+semaphore, the outcome), never the user's key, token or lock name: those are unbounded and
+private. The recorder is this module's ``Recorder`` protocol; ``aioratelimit.otel`` turns it
+into OpenTelemetry instruments, and a test or another collector may install its own.
+
+Hooks for the producers other parts of the package add (the lead wires them):
+``decided(..., result=DENIED_CACHED | DEGRADED | SHADOW_DENIED)`` for a decision that did not
+come from the script, and ``breaker_changed(state)`` when a circuit breaker changes state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+from ._errors import IdempotencyKeyMismatch, LockTimeout
+from ._rates import Decision
+
+T = TypeVar("T")
+
+# -- the vocabularies (attribute values; each is a closed set) ---------------------------
+
+#: A decision's result (``aioratelimit.rate_limiting.result``).
+ALLOWED = "allowed"
+DENIED = "denied"
+DENIED_CACHED = "denied_cached"  # denied by the local cache of denials, without a round trip
+DEGRADED = "degraded"  # answered by the fallback policy while the backend is unavailable
+SHADOW_DENIED = "shadow_denied"  # would have been denied; admitted because the limit is shadowed
+ERROR = "error"  # no decision: the backend failed (the error is counted in backend errors)
+RESULTS = (ALLOWED, DENIED, DENIED_CACHED, DEGRADED, SHADOW_DENIED, ERROR)
+
+#: How a lock or semaphore acquire ended (``aioratelimit.lock.result``).
+ACQUIRED, TIMEOUT, CANCELED = "acquired", "timeout", "canceled"
+ACQUIRE_RESULTS = (ACQUIRED, TIMEOUT, CANCELED, ERROR)
+
+#: How one background renewal ended: extended, refused (the lease was gone), or failed
+#: (the backend did not answer; it is tried again until the lease's deadline).
+RENEWED, REFUSED, FAILED = "renewed", "refused", "failed"
+RENEWAL_RESULTS = (RENEWED, REFUSED, FAILED)
+
+#: What a claim of an idempotency key found (``aioratelimit.idempotency.outcome``).
+FIRST_RUN, REPLAY, IN_PROGRESS, MISMATCH = "first_run", "replay", "in_progress", "mismatch"
+OUTCOMES = (FIRST_RUN, REPLAY, IN_PROGRESS, MISMATCH)
+
+#: A circuit breaker's states (``aioratelimit.breaker.state``).
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+BREAKER_STATES = (CLOSED, OPEN, HALF_OPEN)
+
+#: Why a backend call failed (``aioratelimit.backend.reason``), next to ``error.type``.
+REASONS = ("timeout", "unreachable", "busy", "error_reply")
+
+
+class Recorder(Protocol):
+    """What instrumentation hears. Times are seconds; no argument is ever a user's key."""
+
+    def decision(
+        self, limiter: str | None, algorithm: str, result: str, seconds: float, decision: Any
+    ) -> None:
+        """One rate-limit decision (``decision`` is its ``Decision``, or None without one)."""
+
+    def acquire(self, kind: str, result: str, seconds: float) -> None:
+        """One lock (``kind="lock"``) or semaphore acquire, waits included."""
+
+    def renewal(self, kind: str, result: str) -> None:
+        """One background renewal of a lease."""
+
+    def lost(self, kind: str) -> None:
+        """A lease lost under its ``async with`` block."""
+
+    def claim(self, name: str | None, outcome: str) -> None:
+        """One claim of an idempotency key (``name``: the store's name, not the key)."""
+
+    def backend_error(self, error_type: str, reason: str, script: str | None) -> None:
+        """A call to the backend raised ``error_type`` (an exception class name)."""
+
+    def breaker(self, state: str, server: str | None) -> None:
+        """A circuit breaker entered ``state``."""
+
+
+#: The recorder, or None: instrumentation off (the one test a hot path makes).
+recorder: Recorder | None = None
+
+#: The name of the limiter whose decision is in flight in this context (spans read it).
+LIMITER: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "aioratelimit_limiter", default=None
+)
+
+_clock = time.perf_counter
+
+
+def install(new: Recorder | None) -> Recorder | None:
+    """Make ``new`` the recorder (None: off); returns the one it replaces."""
+    global recorder
+    old, recorder = recorder, new
+    return old
+
+
+# -- what primitives call when ``recorder`` is not None ----------------------------------
+
+
+async def decide(
+    limiter: str | None, algorithm: str, send: Callable[..., Awaitable[Any]], *args: Any
+) -> Decision:
+    """``Decision.from_reply(await send(*args))``, timed and reported as one decision."""
+    began = _clock()
+    token = LIMITER.set(limiter)
+    try:
+        decision = Decision.from_reply(await send(*args))
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        decided(limiter, algorithm, ERROR, _clock() - began, None)
+        raise
+    finally:
+        LIMITER.reset(token)
+    decided(limiter, algorithm, ALLOWED if decision.allowed else DENIED, _clock() - began, decision)
+    return decision
+
+
+def decided(
+    limiter: str | None, algorithm: str, result: str, seconds: float, decision: Any = None
+) -> None:
+    """Report one decision made elsewhere (the local deny cache, a fallback, shadow mode)."""
+    if recorder is not None:
+        recorder.decision(limiter, algorithm, result, seconds, decision)
+
+
+async def acquire(kind: str, call: Awaitable[T]) -> T:
+    """``await call`` (a lock's or semaphore's acquire), timed and reported by its end."""
+    began = _clock()
+    result = ERROR
+    try:
+        lease = await call
+        result = ACQUIRED
+        return lease
+    except LockTimeout:
+        result = TIMEOUT
+        raise
+    except asyncio.CancelledError:
+        result = CANCELED
+        raise
+    finally:
+        if recorder is not None:
+            recorder.acquire(kind, result, _clock() - began)
+
+
+async def claim(name: str | None, call: Awaitable[T], outcomes: dict[type, str]) -> T:
+    """``await call`` (an idempotency claim), reported by what it found."""
+    try:
+        outcome = await call
+    except IdempotencyKeyMismatch:
+        if recorder is not None:
+            recorder.claim(name, MISMATCH)
+        raise
+    if recorder is not None:
+        recorder.claim(name, outcomes[type(outcome)])
+    return outcome
+
+
+def renewal(kind: str, result: str) -> None:
+    if recorder is not None:
+        recorder.renewal(kind, result)
+
+
+def lost(kind: str) -> None:
+    if recorder is not None:
+        recorder.lost(kind)
+
+
+def backend_error(error: BaseException, reason: str, script: str | None) -> None:
+    if recorder is not None:
+        recorder.backend_error(type(error).__name__, reason, script)
+
+
+def breaker_changed(state: str, server: str | None = None) -> None:
+    """Report that a circuit breaker entered ``state`` (``CLOSED``, ``OPEN``, ``HALF_OPEN``);
+    ``server`` names what it guards (``host:port``), never a URL with a password."""
+    if state not in BREAKER_STATES:
+        raise ValueError(f"a breaker state is one of {BREAKER_STATES}, not {state!r}")
+    if recorder is not None:
+        recorder.breaker(state, server)
