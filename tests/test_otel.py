@@ -124,10 +124,15 @@ async def test_near_limit_counts_admissions_past_the_share(
     telemetry: Telemetry, store: arl.Backend, key: str
 ) -> None:
     """An admitted hit that leaves 80 % or more of the limit used is near the limit."""
-    limiter = arl.FixedWindow("10/minute", backend=store, name="near")
-    for _ in range(11):  # hits 8, 9, 10 are near; the 11th is denied, not near
+    limiter = arl.FixedWindow("7/minute", backend=store, name="near")
+    for _ in range(8):  # 80 % of 7 is 5.6: hits 6 and 7 are near; the 8th is denied, not near
         await limiter.hit(key)
-    assert telemetry.count("aioratelimit.rate_limiting.near_limit") == 3
+    assert telemetry.count("aioratelimit.rate_limiting.near_limit") == 2
+    (attributes, _), *_ = telemetry.points("aioratelimit.rate_limiting.near_limit")
+    assert attributes == {
+        "aioratelimit.rate_limiting.limiter": "near",
+        "aioratelimit.rate_limiting.algorithm": "fixed_window",
+    }
 
 
 async def test_lock_and_semaphore_waits_timeouts_renewals_and_lost_leases(
