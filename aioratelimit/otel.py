@@ -68,6 +68,7 @@ class _Instruments:
     def __init__(self, meter_provider: MeterProvider | None, near_limit: float) -> None:
         meter = metrics.get_meter(SCOPE, meter_provider=meter_provider)
         self.near_limit = near_limit
+        self._decision_attributes: dict[tuple[str | None, str, str | None], dict[str, str]] = {}
         buckets = list(DURATION_BUCKETS)
         self.decisions = meter.create_counter(
             "aioratelimit.rate_limiting.decisions",
@@ -125,16 +126,30 @@ class _Instruments:
     def decision(
         self, limiter: str | None, algorithm: str, result: str, seconds: float, decision: Any
     ) -> None:
-        attributes = {ALGORITHM: algorithm, RESULT: result}
-        if limiter is not None:
-            attributes[LIMITER] = limiter
+        attributes = self._decision_attributes.get((limiter, algorithm, result))
+        if attributes is None:
+            attributes = self._attributes(limiter, algorithm, result)
         self.decisions.add(1, attributes)
         self.decision_duration.record(seconds, attributes)
         if result == _observe.ALLOWED and decision is not None:
             limit = decision.limit
             if limit - decision.remaining >= math.ceil(self.near_limit * limit):
-                del attributes[RESULT]
-                self.near.add(1, attributes)
+                self.near.add(1, self._attributes(limiter, algorithm, None))
+
+    def _attributes(
+        self, limiter: str | None, algorithm: str, result: str | None
+    ) -> dict[str, str]:
+        """A decision's attributes, built once per (limiter, algorithm, result): a bounded
+        set, since none of them is a key. Never changed once built (the SDK may keep it)."""
+        cached = self._decision_attributes.get((limiter, algorithm, result))
+        if cached is None:
+            cached = {ALGORITHM: algorithm}
+            if result is not None:
+                cached[RESULT] = result
+            if limiter is not None:
+                cached[LIMITER] = limiter
+            self._decision_attributes[limiter, algorithm, result] = cached
+        return cached
 
     def acquire(self, kind: str, result: str, seconds: float) -> None:
         self.acquire_duration.record(seconds, {LOCK_KIND: kind, LOCK_RESULT: result})
