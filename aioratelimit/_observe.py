@@ -1,11 +1,13 @@
 """Instrumentation: what the primitives report, and the one recorder that hears it.
 
-``recorder`` is None until instrumentation is switched on (``aioratelimit.otel.instrument``);
+``recorder`` is None until instrumentation is switched on (``aioratelimit.otel.instrument``,
+or ``set_recorder``);
 a hot path (a decision, an acquire, a claim) tests it once and, when it is None, does nothing
 else. Everything reported names the operation (the limiter's name, its algorithm, lock or
 semaphore, the outcome), never the user's key, token or lock name: those are unbounded and
 private. The recorder is this module's ``Recorder`` protocol; ``aioratelimit.otel`` turns it
-into OpenTelemetry instruments, and a test or another collector may install its own.
+into OpenTelemetry instruments; an application without OpenTelemetry subclasses
+``Recorder`` and installs it with ``set_recorder`` (both public: ``docs/metrics.md``).
 
 Hooks for the producers other parts of the package add (the lead wires them):
 ``decided(..., result=DENIED_CACHED | DEGRADED | SHADOW_DENIED)`` for a decision that did not
@@ -18,7 +20,7 @@ import asyncio
 import contextvars
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from ._errors import IdempotencyKeyMismatch, LockTimeout
 from ._rates import Decision
@@ -57,31 +59,41 @@ BREAKER_STATES = (CLOSED, OPEN, HALF_OPEN)
 REASONS = ("timeout", "unreachable", "busy", "error_reply")
 
 
-class Recorder(Protocol):
-    """What instrumentation hears. Times are seconds; no argument is ever a user's key."""
+class Recorder:
+    """What instrumentation hears: subclass it, override what you collect, and install it
+    with ``set_recorder`` (every method here does nothing). Times are seconds; no argument
+    is ever a user's key, token or lock name. Each method is called on the event loop, on
+    the path of the operation it reports: keep it short and never let it raise."""
+
+    __slots__ = ()
 
     def decision(
         self, limiter: str | None, algorithm: str, result: str, seconds: float, decision: Any
     ) -> None:
-        """One rate-limit decision (``decision`` is its ``Decision``, or None without one)."""
+        """One rate-limit decision: the limiter's ``name``, its algorithm (the script:
+        ``fixed_window``, ``sliding_window``, ``token_bucket``), the result (``RESULTS``), how
+        long it took, and its ``Decision`` (None without one: an error)."""
 
     def acquire(self, kind: str, result: str, seconds: float) -> None:
-        """One lock (``kind="lock"``) or semaphore acquire, waits included."""
+        """One lock (``kind="lock"``) or semaphore acquire, waits included, by how it ended
+        (``ACQUIRE_RESULTS``)."""
 
     def renewal(self, kind: str, result: str) -> None:
-        """One background renewal of a lease."""
+        """One background renewal of a lease (``RENEWAL_RESULTS``)."""
 
     def lost(self, kind: str) -> None:
-        """A lease lost under its ``async with`` block."""
+        """A lease lost under its ``async with`` block (``LockLost``)."""
 
     def claim(self, name: str | None, outcome: str) -> None:
-        """One claim of an idempotency key (``name``: the store's name, not the key)."""
+        """One claim of an idempotency key (``name``: the store's or decorator's ``name=``,
+        never the key) by what it found (``OUTCOMES``)."""
 
     def backend_error(self, error_type: str, reason: str, script: str | None) -> None:
-        """A call to the backend raised ``error_type`` (an exception class name)."""
+        """A call to the backend raised ``error_type`` (``"BackendUnavailable"`` or
+        ``"BackendError"``) for ``reason`` (``REASONS``), running ``script`` if known."""
 
     def breaker(self, state: str, server: str | None) -> None:
-        """A circuit breaker entered ``state``."""
+        """A circuit breaker entered ``state`` (``BREAKER_STATES``)."""
 
 
 #: The recorder, or None: instrumentation off (the one test a hot path makes).
@@ -95,9 +107,12 @@ LIMITER: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 _clock = time.perf_counter
 
 
-def install(new: Recorder | None) -> Recorder | None:
-    """Make ``new`` the recorder (None: off); returns the one it replaces."""
+def set_recorder(new: Recorder | None) -> Recorder | None:
+    """Make ``new`` the recorder every primitive reports to (None: off, the default);
+    returns the one it replaces."""
     global recorder
+    if new is not None and not isinstance(new, Recorder):
+        raise TypeError(f"a recorder must be an aioratelimit.Recorder, not {type(new).__name__}")
     old, recorder = recorder, new
     return old
 

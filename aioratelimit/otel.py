@@ -62,8 +62,8 @@ SCRIPT = "aioratelimit.script"
 BREAKER_STATE = "aioratelimit.breaker.state"
 
 
-class _Instruments:
-    """``_observe.Recorder`` on OpenTelemetry instruments."""
+class _Instruments(_observe.Recorder):
+    """``Recorder`` on OpenTelemetry instruments."""
 
     def __init__(self, meter_provider: MeterProvider | None, near_limit: float) -> None:
         meter = metrics.get_meter(SCOPE, meter_provider=meter_provider)
@@ -203,13 +203,13 @@ def instrument(
         raise ValueError(f"near_limit must be a share in (0, 1], not {near_limit!r}")
     recorder = _Instruments(meter_provider, float(near_limit))
     _tracer = trace.get_tracer(SCOPE, tracer_provider=tracer_provider)
-    _observe.install(recorder)
+    _observe.set_recorder(recorder)
 
 
 def uninstrument() -> None:
     """Stop recording (a hot path is back to its one test); spans use the global tracer."""
     global _tracer
-    _observe.install(None)
+    _observe.set_recorder(None)
     _tracer = None
 
 

@@ -406,3 +406,30 @@ def test_the_package_works_without_opentelemetry() -> None:
         [sys.executable, "-W", "error", "-c", program], capture_output=True, text=True, timeout=60
     )
     assert (done.returncode, done.stderr) == (0, "")
+
+
+async def test_a_recorder_of_ones_own_without_opentelemetry(key: str) -> None:
+    """``set_recorder`` installs any ``Recorder`` subclass (what a collector without
+    OpenTelemetry uses); the methods it does not override do nothing; None switches off."""
+    heard: list[tuple[str | None, str, str]] = []
+
+    class Decisions(arl.Recorder):
+        def decision(
+            self, limiter: str | None, algorithm: str, result: str, seconds: float, decision: Any
+        ) -> None:
+            heard.append((limiter, algorithm, result))
+
+    assert arl.set_recorder(Decisions()) is None
+    try:
+        async with arl.Backend.from_url("memory://") as backend:
+            limiter = arl.FixedWindow("1/minute", backend=backend, name="mine")
+            await limiter.hit(key)
+            await limiter.hit(key)
+            async with arl.lock(key, backend=backend):  # Recorder.acquire: does nothing
+                pass
+    finally:
+        assert isinstance(arl.set_recorder(None), Decisions)
+    assert heard == [("mine", "fixed_window", "allowed"), ("mine", "fixed_window", "denied")]
+    with pytest.raises(TypeError, match="Recorder"):
+        arl.set_recorder(object())  # type: ignore[arg-type]
+    assert _observe.recorder is None
