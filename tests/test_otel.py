@@ -21,6 +21,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 import aioratelimit as arl
 from aioratelimit import _keys, _observe, otel
+from aioratelimit._aio import Gate
 
 
 @dataclass
@@ -246,6 +247,19 @@ async def test_backend_errors_by_type_and_reason(telemetry: Telemetry, key: str)
             "aioratelimit.backend.reason": "unreachable",
             "aioratelimit.script": "fixed_window",
         }
+    ]
+
+
+async def test_a_full_pool_is_a_backend_timeout(telemetry: Telemetry) -> None:
+    """No pooled connection freed within the timeout (raised by the gate, not through
+    ``translate``): one backend error, reason ``timeout``."""
+    gate = Gate(1)
+    gate.free -= 1
+    with pytest.raises(arl.BackendUnavailable):
+        await gate.wait(0.01)
+    errors = telemetry.points("aioratelimit.backend.errors")
+    assert [a for a, _ in errors] == [
+        {"error.type": "BackendUnavailable", "aioratelimit.backend.reason": "timeout"}
     ]
 
 
