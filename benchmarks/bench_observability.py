@@ -9,6 +9,8 @@ Conditions, each ``FixedWindow.hit`` on one of 100 keys under a limit every hit 
 by, on memory:// (where a decision is cheapest, so any overhead shows most) and on
 ``REDIS_URL``:
 
+- bare: ``hit`` as it was before instrumentation existed (a subclass whose ``hit`` skips the
+  test), the reference the "off" row is compared with;
 - off: no instrumentation (the default: the hot path makes one test and goes on);
 - on, no SDK: ``aioratelimit.otel.instrument()`` with no OpenTelemetry SDK configured (the
   API's no-op instruments, what a library user gets until the application sets one up);
@@ -56,9 +58,18 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import aioratelimit as arl
-from aioratelimit import _observe, otel
+from aioratelimit import Decision, _observe, otel
 
 KEYS = 100
+
+
+class Bare(arl.FixedWindow):
+    """``FixedWindow`` whose ``hit`` is the one before instrumentation: no test at all."""
+
+    __slots__ = ()
+
+    async def hit(self, key: str, cost: int = 1) -> Decision:
+        return Decision.from_reply(await self._send(key, cost, 1))
 
 
 def recorders(
@@ -95,12 +106,14 @@ async def measure(
 
 def rows(reps: Sequence[dict[str, float]]) -> list[list[str]]:
     off = column(reps, "off")
+    bare = column(reps, "bare")
     return [
         [
             case,
             with_spread([1 / s for s in column(reps, case)], 0),
             fmt(1e6 * sorted(column(reps, case))[len(reps) // 2], 2),
             ratio(paired_ratio(off, column(reps, case))),
+            ratio(paired_ratio(bare, column(reps, case))),
         ]
         for case in reps[0]
     ]
@@ -127,17 +140,19 @@ async def main() -> None:
             ["aioratelimit", "opentelemetry-api", "opentelemetry-sdk"],
         )
         rate = "1000000000/hour"  # every hit admitted: the same path each time
-        header = ["condition", "decisions/s", "us/decision", "throughput vs off"]
+        header = ["condition", "decisions/s", "us/decision", "vs off", "vs bare"]
 
         on_memory = arl.FixedWindow(rate, backend=memory, name="bench")
-        cases = {case: decide(on_memory, r) for case, r in built.items()}
+        cases = {"bare": decide(Bare(rate, backend=memory, name="bench"), None)}
+        cases.update({case: decide(on_memory, r) for case, r in built.items()})
         reps = await measure("memory://", cases, scaled(20_000, 50), 500)
         print_table("memory://, sequential FixedWindow.hit", header, rows(reps))
         memory_decision = sorted(column(reps, "off"))[len(reps) // 2]
 
         on_redis = arl.FixedWindow(rate, backend=redis_backend, name="bench")
         on_traced = arl.FixedWindow(rate, backend=traced, name="bench")
-        cases = {case: decide(on_redis, r) for case, r in built.items()}
+        cases = {"bare": decide(Bare(rate, backend=redis_backend, name="bench"), None)}
+        cases.update({case: decide(on_redis, r) for case, r in built.items()})
         cases["on, SDK + spans"] = decide(on_traced, built["on, SDK"])
         # A span is kept per call by the in-memory exporter: drop them between repetitions.
         reps = []
@@ -170,10 +185,11 @@ async def main() -> None:
             ],
         )
         print_notes(
-            "Ratios are throughput relative to off, the median of the per-repetition ratios"
-            " (1.00: no difference). The machine is shared with other work: differences of"
-            " a few percent are within its noise; run it again on a quiet machine before"
-            " reading more into them."
+            "Ratios are throughput relative to off (or to bare), the median of the"
+            " per-repetition ratios (1.00: no difference); off against bare is what the"
+            " instrumentation costs when it is off. The machine is shared with other work:"
+            " differences of a few percent are within its noise; run it again on a quiet"
+            " machine before reading more into them."
         )
         print_smoke_note()
     finally:
