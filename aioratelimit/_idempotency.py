@@ -121,12 +121,6 @@ class Claimed:
 
 
 Outcome = Claimed | Replay | InProgress
-#: What each outcome is called in metrics (``_observe``).
-_OUTCOMES: dict[type, str] = {
-    Claimed: _observe.FIRST_RUN,
-    Replay: _observe.REPLAY,
-    InProgress: _observe.IN_PROGRESS,
-}
 
 
 def _fingerprint(fingerprint: str | bytes | None) -> str:
@@ -185,11 +179,6 @@ class IdempotencyStore:
 
         Raises ``IdempotencyKeyMismatch`` if the key holds a record of another fingerprint.
         """
-        if _observe.recorder is not None:
-            return await _observe.claim(self.name, self._claim(key, fingerprint), _OUTCOMES)
-        return await self._claim(key, fingerprint)
-
-    async def _claim(self, key: str, fingerprint: str | bytes | None) -> Outcome:
         if type(key) is not str or not key:
             check_key(key)  # raises
         fp = "" if fingerprint is None else _fingerprint(fingerprint)
@@ -204,6 +193,8 @@ class IdempotencyStore:
             await finish(_release_quietly(Claimed(backend, key, record, channel, owner), True))
             raise
         code = reply[0]
+        if _observe.recorder is not None:
+            _observe.claimed(self.name, code)
         if code == Claim.COMPLETED:  # first: the hot path
             payload = reply[1]
             if type(payload) is not bytes:

@@ -22,8 +22,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ._errors import IdempotencyKeyMismatch, LockTimeout
+from ._errors import LockTimeout
 from ._rates import Decision
+from ._scripts import Claim
 
 T = TypeVar("T")
 
@@ -166,17 +167,19 @@ async def acquire(kind: str, call: Awaitable[T]) -> T:
             recorder.acquire(kind, result, _clock() - began)
 
 
-async def claim(name: str | None, call: Awaitable[T], outcomes: dict[type, str]) -> T:
-    """``await call`` (an idempotency claim), reported by what it found."""
-    try:
-        outcome = await call
-    except IdempotencyKeyMismatch:
-        if recorder is not None:
-            recorder.claim(name, MISMATCH)
-        raise
+#: A claim's outcome by the first element of ``idem_claim``'s reply.
+_CLAIMS: dict[int, str] = {
+    Claim.CLAIMED: FIRST_RUN,
+    Claim.COMPLETED: REPLAY,
+    Claim.IN_PROGRESS: IN_PROGRESS,
+    Claim.MISMATCH: MISMATCH,
+}
+
+
+def claimed(name: str | None, code: int) -> None:
+    """Report one idempotency claim by the code its script answered."""
     if recorder is not None:
-        recorder.claim(name, outcomes[type(outcome)])
-    return outcome
+        recorder.claim(name, _CLAIMS[code])
 
 
 def renewal(kind: str, result: str) -> None:
