@@ -66,7 +66,7 @@ class _Instruments(_observe.Recorder):
     """``Recorder`` on OpenTelemetry instruments."""
 
     def __init__(self, meter_provider: MeterProvider | None, near_limit: float) -> None:
-        meter = metrics.get_meter(SCOPE, meter_provider=meter_provider)
+        meter = metrics.get_meter(SCOPE, _version(), meter_provider=meter_provider)
         self.near_limit = near_limit
         self._decision_attributes: dict[tuple[str | None, str, str | None], dict[str, str]] = {}
         buckets = list(DURATION_BUCKETS)
@@ -185,6 +185,12 @@ class _Instruments(_observe.Recorder):
 _tracer: trace.Tracer | None = None
 
 
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
 def instrument(
     *,
     meter_provider: MeterProvider | None = None,
@@ -202,7 +208,7 @@ def instrument(
     if not isinstance(near_limit, (int, float)) or not 0 < near_limit <= 1:
         raise ValueError(f"near_limit must be a share in (0, 1], not {near_limit!r}")
     recorder = _Instruments(meter_provider, float(near_limit))
-    _tracer = trace.get_tracer(SCOPE, tracer_provider=tracer_provider)
+    _tracer = trace.get_tracer(SCOPE, _version(), tracer_provider=tracer_provider)
     _observe.set_recorder(recorder)
 
 

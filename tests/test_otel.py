@@ -118,6 +118,10 @@ async def test_decisions_by_limiter_algorithm_and_result(
     assert unnamed
     assert all("aioratelimit.rate_limiting.limiter" not in a for a in unnamed)
     assert telemetry.count(DURATION) == 6
+    data = telemetry.reader.get_metrics_data()
+    assert data is not None
+    (scope,) = data.resource_metrics[0].scope_metrics
+    assert (scope.scope.name, scope.scope.version) == ("aioratelimit", arl.__version__)
     assert all(p.sum > 0 for _, p in telemetry.points(DURATION))
 
 
