@@ -110,9 +110,10 @@ class Backend:
         timeout = check_seconds(timeout, "timeout")
         connect_timeout = check_seconds(connect_timeout, "connect_timeout")
         if url.startswith("memory://"):
-            from ._stores.memory import MemoryStore
+            from ._stores.memory import MemoryStore, ObservedMemoryStore
 
-            return cls._of(MemoryStore(), prefix=prefix, url=url)
+            memory = MemoryStore() if on_call is None else ObservedMemoryStore(on_call)
+            return cls._of(memory, prefix=prefix, url=url)
         build: Callable[..., Store]
         if url.startswith("redis+cluster://"):
             from ._stores.cluster import cluster_store as build

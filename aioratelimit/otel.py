@@ -60,6 +60,8 @@ OUTCOME = "aioratelimit.idempotency.outcome"
 REASON = "aioratelimit.backend.reason"
 SCRIPT = "aioratelimit.script"
 BREAKER_STATE = "aioratelimit.breaker.state"
+#: ``db.system`` of a memory:// call (no such database in the conventions: ours).
+MEMORY_SYSTEM = "aioratelimit.memory"
 
 
 class _Instruments(_observe.Recorder):
@@ -222,11 +224,13 @@ def uninstrument() -> None:
 def on_call(call: ScriptCall) -> None:
     """The ``on_call`` hook of ``Backend.from_url``: one CLIENT span per script call, from
     its start to its end, a child of the span current at the call, named like
-    ``EVALSHA fixed_window``. memory:// makes no script calls, so no spans."""
+    ``EVALSHA fixed_window``. On memory:// (the script's twin, in process) ``db.system`` is
+    ``aioratelimit.memory`` and there is no server."""
     tracer = _tracer or trace.get_tracer(SCOPE)
+    system = MEMORY_SYSTEM if call.server == "memory" else "redis"
     attributes: dict[str, str | int] = {
-        "db.system": "redis",
-        "db.system.name": "redis",
+        "db.system": system,
+        "db.system.name": system,
         "db.operation": "EVALSHA",
         "db.operation.name": "EVALSHA",
         SCRIPT: call.script,
@@ -235,7 +239,7 @@ def on_call(call: ScriptCall) -> None:
     if host and port.isdigit():
         attributes["server.address"] = host.strip("[]")
         attributes["server.port"] = int(port)
-    else:
+    elif system == "redis":
         attributes["server.address"] = call.server  # a unix socket's path, or "cluster"
     limiter = _observe.LIMITER.get()
     if limiter is not None:
