@@ -214,7 +214,6 @@ class Renewal:
                 async with asyncio.timeout(deadline - now):
                     await lease.extend()
                 retry_at = None
-                _observe.renewal(kind, _observe.RENEWED)
             except LockNotOwned:
                 _observe.renewal(kind, _observe.REFUSED)
                 break
@@ -222,6 +221,8 @@ class Renewal:
                 log.debug("aioratelimit: renewal of %r failed: %r", lease.name, exc)
                 _observe.renewal(kind, _observe.FAILED)
                 retry_at = loop.time() + min(ttl / 10, RENEW_RETRY)
+            else:
+                _observe.renewal(kind, _observe.RENEWED)  # outside the try: never a failure
         if lease._state == _RELEASED:
             return  # released by hand inside the block: nothing is lost
         lease._state = _LOST

@@ -22,6 +22,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 import aioratelimit as arl
 from aioratelimit import _keys, _observe, otel
 from aioratelimit._aio import Gate
+from aioratelimit._idempotency import Claimed, IdempotencyStore
 
 
 @dataclass
@@ -455,3 +456,27 @@ async def test_a_recorder_of_ones_own_without_opentelemetry(key: str) -> None:
     with pytest.raises(TypeError, match="Recorder"):
         arl.set_recorder(object())  # type: ignore[arg-type]
     assert _observe.recorder is None
+
+
+async def test_off_the_hot_paths_never_enter_the_instrumented_code(
+    monkeypatch: pytest.MonkeyPatch, key: str
+) -> None:
+    """With no recorder, a decision, an acquire and a claim only test
+    ``_observe.recorder``: none of the reporting functions is called (the rarer events,
+    a renewal or a lost lease, call theirs, which test it first)."""
+
+    def never(*args: object, **kwargs: object) -> Any:
+        raise AssertionError("instrumented code ran with instrumentation off")
+
+    for name in ("decide", "decided", "acquire", "claimed", "backend_error"):
+        monkeypatch.setattr(_observe, name, never)
+    assert _observe.recorder is None
+    async with arl.Backend.from_url("memory://") as backend:
+        limiter = arl.TokenBucket("1/minute", backend=backend, name="off")
+        await limiter.hit(key)
+        with pytest.raises(arl.RateLimited):
+            await limiter.acquire(key)
+        async with arl.lock(key, backend=backend):
+            pass
+        store = IdempotencyStore(backend)
+        assert isinstance(await store.claim(key), Claimed)
