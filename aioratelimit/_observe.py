@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ._errors import LockTimeout
+from ._errors import BackendError, BackendUnavailable, LockTimeout
 from ._rates import Decision
 from ._scripts import Claim
 
@@ -129,9 +129,7 @@ async def decide(
     token = LIMITER.set(limiter)
     try:
         decision = Decision.from_reply(await send(*args))
-    except asyncio.CancelledError:
-        raise
-    except Exception:
+    except (BackendUnavailable, BackendError):  # not bad input: that is no decision at all
         decided(limiter, algorithm, ERROR, _clock() - began, None)
         raise
     finally:

@@ -268,6 +268,16 @@ async def test_a_full_pool_is_a_backend_timeout(telemetry: Telemetry) -> None:
     ]
 
 
+async def test_bad_input_is_no_decision(telemetry: Telemetry, store: arl.Backend) -> None:
+    """A call refused for its arguments (before any I/O) records nothing."""
+    limiter = arl.FixedWindow("5/minute", backend=store)
+    with pytest.raises(ValueError, match="key"):
+        await limiter.hit("")
+    with pytest.raises(ValueError, match="cost"):
+        await limiter.hit("k", 6)
+    assert telemetry.points(DECISIONS) == []
+
+
 def test_breaker_state_is_a_gauge_of_the_state_it_is_in(telemetry: Telemetry) -> None:
     """``breaker_changed`` (called by the breaker) sets its state to 1, the others to 0."""
     _observe.breaker_changed(_observe.OPEN, "127.0.0.1:6400")
