@@ -147,22 +147,27 @@ def decided(
 
 
 async def acquire(kind: str, call: Awaitable[T]) -> T:
-    """``await call`` (a lock's or semaphore's acquire), timed and reported by its end."""
+    """``await call`` (a lock's or semaphore's acquire), timed and reported by its end
+    (bad arguments, refused before any I/O, are not reported)."""
     began = _clock()
-    result = ERROR
     try:
         lease = await call
-        result = ACQUIRED
-        return lease
     except LockTimeout:
-        result = TIMEOUT
+        _acquired(kind, TIMEOUT, began)
         raise
     except asyncio.CancelledError:
-        result = CANCELED
+        _acquired(kind, CANCELED, began)
         raise
-    finally:
-        if recorder is not None:
-            recorder.acquire(kind, result, _clock() - began)
+    except (BackendUnavailable, BackendError):
+        _acquired(kind, ERROR, began)
+        raise
+    _acquired(kind, ACQUIRED, began)
+    return lease
+
+
+def _acquired(kind: str, result: str, began: float) -> None:
+    if recorder is not None:
+        recorder.acquire(kind, result, _clock() - began)
 
 
 #: A claim's outcome by the first element of ``idem_claim``'s reply.

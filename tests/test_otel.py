@@ -182,6 +182,31 @@ async def test_lock_and_semaphore_waits_timeouts_renewals_and_lost_leases(
     assert telemetry.count("aioratelimit.lock.lost", aioratelimit__lock__kind="lock") == 1
 
 
+async def test_a_cancelled_acquire_and_a_failed_one(
+    telemetry: Telemetry, store: arl.Backend, key: str
+) -> None:
+    """An acquire cancelled while it waits is ``canceled``; one the backend fails is
+    ``error``; neither is a timeout."""
+    async with arl.lock(key, backend=store):
+        waiter = asyncio.create_task(arl.Lock(key, backend=store).acquire())
+        await asyncio.sleep(0.05)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+    async with arl.Backend.from_url("redis://127.0.0.1:9/0", connect_timeout=0.5) as down:
+        with pytest.raises(arl.BackendUnavailable):
+            await arl.Semaphore(key, backend=down).acquire(timeout=0)
+    wait = "aioratelimit.lock.acquire.duration"
+    assert telemetry.count(wait, aioratelimit__lock__result="canceled") == 1
+    assert (
+        telemetry.count(
+            wait, aioratelimit__lock__kind="semaphore", aioratelimit__lock__result="error"
+        )
+        == 1
+    )
+    assert telemetry.count("aioratelimit.lock.timeouts") == 0
+
+
 async def test_a_renewal_refused_is_a_lost_lease(
     telemetry: Telemetry, store: arl.Backend, key: str
 ) -> None:
@@ -269,13 +294,17 @@ async def test_a_full_pool_is_a_backend_timeout(telemetry: Telemetry) -> None:
 
 
 async def test_bad_input_is_no_decision(telemetry: Telemetry, store: arl.Backend) -> None:
-    """A call refused for its arguments (before any I/O) records nothing."""
+    """A decision or an acquire refused for its arguments (before any I/O) records
+    nothing."""
     limiter = arl.FixedWindow("5/minute", backend=store)
     with pytest.raises(ValueError, match="key"):
         await limiter.hit("")
     with pytest.raises(ValueError, match="cost"):
         await limiter.hit("k", 6)
+    with pytest.raises(ValueError, match="timeout"):
+        await arl.Lock("k", backend=store).acquire(timeout=-1)
     assert telemetry.points(DECISIONS) == []
+    assert telemetry.points("aioratelimit.lock.acquire.duration") == []
 
 
 def test_breaker_state_is_a_gauge_of_the_state_it_is_in(telemetry: Telemetry) -> None:
