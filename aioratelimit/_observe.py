@@ -1,13 +1,12 @@
 """Instrumentation: what the primitives report, and the one recorder that hears it.
 
-``recorder`` is None until instrumentation is switched on (``aioratelimit.otel.instrument``,
-or ``set_recorder``);
-a hot path (a decision, an acquire, a claim) tests it once and, when it is None, does nothing
-else. Everything reported names the operation (the limiter's name, its algorithm, lock or
-semaphore, the outcome), never the user's key, token or lock name: those are unbounded and
-private. The recorder is this module's ``Recorder`` protocol; ``aioratelimit.otel`` turns it
-into OpenTelemetry instruments; an application without OpenTelemetry subclasses
-``Recorder`` and installs it with ``set_recorder`` (both public: ``docs/metrics.md``).
+``recorder`` is None until instrumentation is switched on (``aioratelimit.otel.instrument``
+or ``set_recorder``); a hot path (a decision, an acquire, a claim) tests it once and, when
+it is None, does nothing else. Everything reported names the operation (the limiter's
+name, its algorithm, lock or semaphore, the outcome), never the user's key, token or lock
+name: those are unbounded and private. A recorder is a ``Recorder`` (a base class whose
+methods do nothing): ``aioratelimit.otel`` turns its calls into OpenTelemetry instruments;
+an application without OpenTelemetry subclasses it (both public: ``docs/metrics.md``).
 
 Hooks for the producers other parts of the package add (the lead wires them):
 ``decided(..., result=DENIED_CACHED | DEGRADED | SHADOW_DENIED)`` for a decision that did not
