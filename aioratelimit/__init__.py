@@ -22,6 +22,7 @@ from ._errors import (
     ResultTooLarge,
     TokenRejected,
 )
+from ._failure import Breaker, Fallback
 from ._idempotent import idempotent
 from ._lease import Hold, Lease
 from ._lock import Lock, Semaphore, lock, semaphore
@@ -42,7 +43,9 @@ __all__ = [
     "Backend",
     "BackendError",
     "BackendUnavailable",
+    "Breaker",
     "Decision",
+    "Fallback",
     "FixedWindow",
     "Hold",
     "IdempotencyInProgress",

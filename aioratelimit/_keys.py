@@ -51,6 +51,12 @@ def rate_suffix(limit: int, window_us: int, extra: str = "") -> str:
     return f":{limit}/{window_us // 1000 if window_us % 1000 == 0 else f'{window_us}us'}{extra}"
 
 
+def rate_channel(head: str, key: str) -> str:
+    """The channel a limiter's deny caches listen on for ``key`` (its keys' hash tag): told
+    by ``lua/rate_invalidate.lua`` when a reset (or a refund, a block) changes the key."""
+    return tagged(head, key, ":inv")
+
+
 #: The kinds of records, the second part of their keys (``head(prefix, kind, name)``).
 TOKEN_KIND = "tok"
 IDEMPOTENCY_KIND = "idem"

@@ -14,10 +14,12 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from . import _keys, _scripts
+from . import _guard, _keys, _scripts
 from ._args import check_int, check_key, check_timeout
 from ._backend import Backend, get_backend
+from ._deny_cache import DenyCache
 from ._errors import RateLimited
+from ._failure import Breaker, Fallback, Policy, check_policy
 from ._rates import Decision, Rate, RateLike, as_rate
 from ._scripts import Script
 
@@ -39,7 +41,20 @@ class Limiter:
     Not instantiated itself; a subclass names its script, kind and arguments.
     """
 
-    __slots__ = ("_args", "_backend", "_head_id", "_max_cost", "_suffixes", "name")
+    __slots__ = (
+        "_args",
+        "_backend",
+        "_breaker",
+        "_cache",
+        "_fallback",
+        "_head_id",
+        "_max_cost",
+        "_plain",
+        "_suffixes",
+        "name",
+        "on_unavailable",
+        "shadow",
+    )
 
     _script: Script
     _kind: str
@@ -59,6 +74,50 @@ class Limiter:
         self._suffixes: tuple[str, ...] = ()
         self._args: tuple[int, ...] = ()
         self._max_cost = 0
+        # Set by ``_options`` (a subclass calls it once its rates are known).
+        self._cache: DenyCache | None = None
+        self._breaker: Breaker | None = None
+        self._fallback: Limiter | None = None
+        self.on_unavailable: Policy = "raise"
+        self.shadow = False
+        self._plain = True
+
+    def _options(
+        self,
+        rates: tuple[Rate, ...],
+        deny_cache: int | None,
+        on_unavailable: Policy,
+        breaker: Breaker | None,
+        shadow: bool,
+    ) -> None:
+        """The options on top of the plain decision (``_guard``); with all of them off a
+        decision stays the one script call it was."""
+        if deny_cache is not None:
+            size = check_int(deny_cache, "deny_cache")
+            # A key stays subscribed for a window after its last denial ran out.
+            self._cache = DenyCache(size, max(r.window for r in rates))
+        self.on_unavailable = check_policy(on_unavailable)
+        if breaker is not None and not isinstance(breaker, Breaker):
+            raise TypeError(f"breaker must be a Breaker, not {type(breaker).__name__}")
+        if breaker is None and on_unavailable != "raise":
+            breaker = Breaker(name=self.name or self._kind)
+        self._breaker = breaker
+        if isinstance(on_unavailable, Fallback):
+            # Its own memory:// store: counted in this process only, never sent anywhere.
+            self._fallback = self._scaled(on_unavailable, Backend.from_url("memory://"))
+        if not isinstance(shadow, bool):
+            raise TypeError(f"shadow must be a bool, not {type(shadow).__name__}")
+        self.shadow = shadow
+        self._plain = deny_cache is None and breaker is None and not shadow
+
+    def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
+        """The same limiter with every limit scaled to ``share``, on ``backend``."""
+        raise NotImplementedError
+
+    @property
+    def breaker(self) -> Breaker | None:
+        """The circuit breaker in front of the backend (None: every call goes to it)."""
+        return self._breaker
 
     @property
     def backend(self) -> Backend:
@@ -95,21 +154,47 @@ class Limiter:
         return backend.run(self._script, self._keys(backend, key), (cost, commit, *self._args))
 
     async def _decide(self, key: str, cost: int, commit: int) -> Decision:
+        if not self._plain:
+            return await _guard.decide(self, key, cost, commit)
         return Decision.from_reply(await self._send(key, cost, commit))
 
     async def hit(self, key: str, cost: int = 1) -> Decision:
         """Count ``cost`` hits for ``key`` if every rate admits them (a denied hit counts none)."""
+        if not self._plain:
+            return await _guard.decide(self, key, cost, 1)
         return Decision.from_reply(await self._send(key, cost, 1))
 
     async def peek(self, key: str, cost: int = 1) -> Decision:
         """What ``hit`` would answer now; changes nothing."""
+        if not self._plain:
+            return await _guard.decide(self, key, cost, 0)
         return Decision.from_reply(await self._send(key, cost, 0))
 
     async def reset(self, key: str) -> None:
-        """Forget every hit counted for ``key`` (under every rate of this limiter)."""
+        """Forget every hit counted for ``key`` (under every rate of this limiter), and
+        tell every process's deny cache."""
         check_key(key)
+        await self._invalidate(key, reset=True)
+        if self._fallback is not None:
+            await self._fallback.reset(key)
+
+    async def _invalidate(self, key: str, *, reset: bool = False) -> None:
+        """Forget the local denial of ``key`` at once, then tell the other processes (with
+        ``reset``, after removing the key's counters, in the same script)."""
+        cache = self._cache
+        if cache is not None:
+            cache.forget(key)
         backend = self._backend or get_backend()
-        await backend.run(_scripts.DELETE, self._keys(backend, key), ())
+        channel = _keys.rate_channel(backend.head(self._kind, self.name), key)
+        try:
+            await backend.run(
+                _scripts.RATE_INVALIDATE,
+                self._keys(backend, key),
+                (int(reset), channel, backend.publish_command),
+            )
+        finally:
+            if cache is not None:  # a denial sent before the reset, answered after it
+                cache.forget(key)
 
     async def acquire(
         self, key: str, cost: int = 1, *, wait: bool = False, timeout: float | None = None
@@ -224,12 +309,26 @@ class FixedWindow(Limiter):
     _script = _scripts.FIXED_WINDOW
     _kind = "fw"
 
-    def __init__(self, *rates: RateLike, backend: Backend | None = None, name: str | None = None):
+    def __init__(
+        self,
+        *rates: RateLike,
+        backend: Backend | None = None,
+        name: str | None = None,
+        deny_cache: int | None = None,
+        on_unavailable: Policy = "raise",
+        breaker: Breaker | None = None,
+        shadow: bool = False,
+    ):
         super().__init__(backend, name)
         self.rates = _rates(rates)
         self._suffixes = tuple(_keys.rate_suffix(r.limit, r.window_us) for r in self.rates)
         self._args = tuple(v for r in self.rates for v in (r.limit, r.window_us))
         self._max_cost = min(r.limit for r in self.rates)
+        self._options(self.rates, deny_cache, on_unavailable, breaker, shadow)
+
+    def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
+        rates = (Rate(share.scale(r.limit), r.window) for r in self.rates)
+        return FixedWindow(*rates, backend=backend, name=self.name)
 
     def __repr__(self) -> str:
         return f"<FixedWindow {', '.join(map(str, self.rates))} name={self.name!r}>"
@@ -253,6 +352,10 @@ class SlidingWindow(Limiter):
         buckets: int = 10,
         backend: Backend | None = None,
         name: str | None = None,
+        deny_cache: int | None = None,
+        on_unavailable: Policy = "raise",
+        breaker: Breaker | None = None,
+        shadow: bool = False,
     ):
         super().__init__(backend, name)
         self.rates = _rates(rates)
@@ -264,6 +367,11 @@ class SlidingWindow(Limiter):
         )
         self._args = (buckets, *(v for r in self.rates for v in (r.limit, r.window_us)))
         self._max_cost = min(r.limit for r in self.rates)
+        self._options(self.rates, deny_cache, on_unavailable, breaker, shadow)
+
+    def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
+        rates = (Rate(share.scale(r.limit), r.window) for r in self.rates)
+        return SlidingWindow(*rates, buckets=self.buckets, backend=backend, name=self.name)
 
     def __repr__(self) -> str:
         rates = ", ".join(map(str, self.rates))
@@ -288,6 +396,10 @@ class TokenBucket(Limiter):
         *,
         backend: Backend | None = None,
         name: str | None = None,
+        deny_cache: int | None = None,
+        on_unavailable: Policy = "raise",
+        breaker: Breaker | None = None,
+        shadow: bool = False,
     ):
         super().__init__(backend, name)
         self.rate = as_rate(rate)
@@ -297,6 +409,11 @@ class TokenBucket(Limiter):
         self._suffixes = (suffix,)
         self._args = (self.burst, interval)
         self._max_cost = self.burst
+        self._options((self.rate,), deny_cache, on_unavailable, breaker, shadow)
+
+    def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
+        rate = Rate(share.scale(self.rate.limit), self.rate.window)
+        return TokenBucket(rate, share.scale(self.burst), backend=backend, name=self.name)
 
     @property
     def rates(self) -> tuple[Rate, ...]:

@@ -91,6 +91,21 @@ class Decision:
     reset_after: float
     #: 0.0 when allowed, else seconds until this cost could be admitted
     retry_after: float
+    #: where the decision was made: ``"redis"`` (the backend's script, memory:// too),
+    #: ``"cache"`` (the limiter's local deny cache), ``"fallback"`` (the in-process fallback
+    #: limiter while the backend is unavailable) or ``"policy"`` (``on_unavailable="allow"``
+    #: or ``"deny"``: nothing was counted)
+    source: str = "redis"
+    #: made by a limiter in shadow mode: ``allowed`` is then always True, and
+    #: ``shadow_denied`` says whether the limit would have denied it
+    shadow: bool = False
+    #: True when a shadow limiter admitted a hit its limit would have denied
+    shadow_denied: bool = False
+
+    @property
+    def degraded(self) -> bool:
+        """Made without the backend (``source`` is ``"fallback"`` or ``"policy"``)."""
+        return self.source == "fallback" or self.source == "policy"
 
     @classmethod
     def from_reply(cls, reply: Sequence[int]) -> Decision:
@@ -106,11 +121,32 @@ class Decision:
         _set_remaining(decision, remaining if remaining > 0 else 0)
         _set_reset_after(decision, from_us(reply[3]))
         _set_retry_after(decision, from_us(reply[4]))
+        _set_source(decision, "redis")
+        _set_shadow(decision, False)
+        _set_shadow_denied(decision, False)
         return decision
 
 
 _new = object.__new__
-_set_allowed, _set_limit, _set_remaining, _set_reset_after, _set_retry_after = (
+(
+    _set_allowed,
+    _set_limit,
+    _set_remaining,
+    _set_reset_after,
+    _set_retry_after,
+    _set_source,
+    _set_shadow,
+    _set_shadow_denied,
+) = (
     Decision.__dict__[field].__set__
-    for field in ("allowed", "limit", "remaining", "reset_after", "retry_after")
+    for field in (
+        "allowed",
+        "limit",
+        "remaining",
+        "reset_after",
+        "retry_after",
+        "source",
+        "shadow",
+        "shadow_denied",
+    )
 )

@@ -102,6 +102,8 @@ SLIDING_WINDOW = _load("sliding_window")
 TOKEN_BUCKET = _load("token_bucket")
 #: the number of keys that existed
 DELETE = _load("delete")
+#: a limiter's reset (and the deny caches' invalidation): the number of keys removed
+RATE_INVALIDATE = _load("rate_invalidate")
 
 TOKEN_ISSUE = _load("token_issue")  # 1 stored, 0 a record of that token exists already
 TOKEN_CONSUME = _load("token_consume")

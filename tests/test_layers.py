@@ -33,7 +33,18 @@ FLOORS: list[tuple[str, set[str]]] = [
     ),
     (
         "primitives",
-        {"_ratelimit", "_lock", "_lease", "_idempotency", "_idempotent", "_results", "_tokens"},
+        {
+            "_ratelimit",
+            "_guard",
+            "_deny_cache",
+            "_failure",
+            "_lock",
+            "_lease",
+            "_idempotency",
+            "_idempotent",
+            "_results",
+            "_tokens",
+        },
     ),
     ("backend", {"_backend"}),
     ("stores", set()),  # every module of _stores/

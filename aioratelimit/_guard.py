@@ -1,0 +1,148 @@
+"""A limiter's decision when it has options on top of the plain script call: the local deny
+cache (``_deny_cache``), the circuit breaker and the failure policy (``_failure``), and
+shadow mode. ``Limiter.hit``/``peek``/``acquire`` come here only when one of them is on;
+without them a decision never enters this module.
+
+Order: a cached denial answers first (no round trip, even with the breaker open: it is as
+true then as before); then the breaker, which may serve the policy at once; then the call,
+whose unavailability serves the policy; shadow mode shapes whatever came out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from . import _deny_cache, _keys
+from ._args import check_key
+from ._backend import Backend, get_backend
+from ._deny_cache import DenyCache, Entry
+from ._errors import BackendUnavailable
+from ._failure import Breaker, Policy
+from ._rates import Decision
+
+
+class Guarded(Protocol):
+    """The slice of ``Limiter`` this module reads."""
+
+    name: str | None
+    shadow: bool
+    on_unavailable: Policy
+    _kind: str
+    _max_cost: int
+    _backend: Backend | None
+    _cache: DenyCache | None
+    _breaker: Breaker | None
+
+    @property
+    def _fallback(self) -> Guarded | None: ...
+
+    def _check_cost(self, cost: object) -> int: ...
+
+    def _send(self, key: str, cost: int, commit: int) -> Awaitable[Any]: ...
+
+    async def _decide(self, key: str, cost: int, commit: int) -> Decision: ...
+
+
+async def decide(lim: Guarded, key: str, cost: int, commit: int) -> Decision:
+    """``hit`` (``commit=1``) or ``peek`` (``commit=0``) through the limiter's options."""
+    check_key(key)
+    lim._check_cost(cost)  # bad input raises here, before any I/O, whatever the breaker says
+    backend = lim._backend or get_backend()
+    cache, breaker = lim._cache, lim._breaker
+    loop = asyncio.get_running_loop()
+    entry: Entry | None = None
+    flight: asyncio.Future[Decision | None] | None = None
+    if cache is not None:
+        if cache.backend is not backend:  # another default backend: nothing learned holds
+            cache.clear()
+            cache.backend = backend
+        entry = cache.entry(key)
+        if entry is not None:
+            cached = cache.lookup(key, entry, cost, loop.time(), backend.notifier)
+            if cached is not None:
+                return shaped(lim, cached)
+            shared = entry.flights.get(cost)
+            if shared is not None:
+                # A call for this cost is under way (its denial just ran out): a denial of
+                # it holds for this hit too, which was made meanwhile; an admission does not.
+                denied = await asyncio.shield(shared)
+                if denied is not None:
+                    return shaped(lim, dataclasses.replace(denied, source="cache"))
+            elif entry.armed_at is not None:
+                flight = entry.flights[cost] = loop.create_future()
+    if breaker is not None and not breaker.allow():
+        if flight is not None and entry is not None:
+            _land(entry, cost, flight, None)
+        return await degraded(lim, key, cost, commit, None)
+    decision: Decision | None = None
+    sent, gen = loop.time(), cache.gen if cache is not None else 0
+    try:
+        decision = Decision.from_reply(await lim._send(key, cost, commit))
+    except BackendUnavailable as exc:
+        if breaker is not None:
+            breaker.failed()
+        return await degraded(lim, key, cost, commit, exc)
+    except BaseException:
+        if breaker is not None:
+            breaker.abandoned()
+        raise
+    finally:
+        if flight is not None and entry is not None:
+            _land(entry, cost, flight, decision)
+    if breaker is not None:
+        breaker.succeeded()
+    if cache is not None and not decision.allowed:
+        cache.remember(key, cost, decision, sent, gen, _watcher(lim, backend, cache))
+    return shaped(lim, decision)
+
+
+def _land(
+    entry: Entry, cost: int, flight: asyncio.Future[Decision | None], decision: Decision | None
+) -> None:
+    """End a shared call: its sharers get its denial, or None (they make their own call)."""
+    if not flight.done():
+        flight.set_result(decision if decision is not None and not decision.allowed else None)
+    if entry.flights.get(cost) is flight:
+        del entry.flights[cost]
+
+
+def _watcher(
+    lim: Guarded, backend: Backend, cache: DenyCache
+) -> Callable[[str, Entry], asyncio.Task[None]]:
+    notifier, head = backend.notifier, backend.head(lim._kind, lim.name)
+    return lambda key, entry: _deny_cache.start_watch(
+        cache, notifier, _keys.rate_channel(head, key), key, entry
+    )
+
+
+async def degraded(
+    lim: Guarded, key: str, cost: int, commit: int, exc: BackendUnavailable | None
+) -> Decision:
+    """The failure policy's decision (``exc`` is None when the breaker is open)."""
+    policy = lim.on_unavailable
+    if policy == "raise":
+        if exc is not None:
+            raise exc
+        raise BackendUnavailable("the backend is unavailable (circuit breaker open)")
+    fallback = lim._fallback
+    if fallback is not None:
+        d = await fallback._decide(key, cost, commit)
+        return shaped(lim, dataclasses.replace(d, source="fallback"))
+    limit = lim._max_cost
+    if policy == "allow":
+        return shaped(lim, Decision(True, limit, limit - cost, 0.0, 0.0, "policy"))
+    # Denied until the breaker may probe again: a waiter sleeps that long, not a busy loop.
+    retry = lim._breaker.cooldown if lim._breaker is not None else 1.0
+    return shaped(lim, Decision(False, limit, 0, retry, retry, "policy"))
+
+
+def shaped(lim: Guarded, decision: Decision) -> Decision:
+    """In shadow mode: admitted whatever the limit said, and saying what it said."""
+    if not lim.shadow:
+        return decision
+    return dataclasses.replace(
+        decision, allowed=True, shadow=True, shadow_denied=not decision.allowed
+    )
