@@ -59,20 +59,21 @@ async def decide(lim: Guarded, key: str, cost: int, commit: int) -> Decision:
         if cache.backend is not backend:  # another default backend: nothing learned holds
             cache.clear()
             cache.backend = backend
-        entry = cache.entry(key)
-        if entry is not None:
+        while (entry := cache.entry(key)) is not None:
             cached = cache.lookup(key, entry, cost, loop.time(), backend.notifier)
             if cached is not None:
                 return shaped(lim, cached)
             shared = entry.flights.get(cost)
-            if shared is not None:
-                # A call for this cost is under way (its denial just ran out): a denial of
-                # it holds for this hit too, which was made meanwhile; an admission does not.
-                denied = await asyncio.shield(shared)
-                if denied is not None:
-                    return shaped(lim, dataclasses.replace(denied, source="cache"))
-            elif entry.armed_at is not None:
-                flight = entry.flights[cost] = loop.create_future()
+            if shared is None:
+                if entry.armed_at is not None:  # the others share this call
+                    flight = entry.flights[cost] = loop.create_future()
+                break
+            # A call for this cost is under way (its denial just ran out): its denial holds
+            # for this hit too, made meanwhile; if it was admitted, take turns (one call in
+            # flight per key and cost), so a flood costs one denied call per retry window.
+            denied = await asyncio.shield(shared)
+            if denied is not None:
+                return shaped(lim, dataclasses.replace(denied, source="cache"))
     if breaker is not None and not breaker.allow():
         if flight is not None and entry is not None:
             _land(entry, cost, flight, None)
