@@ -94,7 +94,7 @@ class Breaker:
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, not {type(name).__name__}")
         self.name = name
-        self.state: BreakerState = CLOSED
+        self.state: str = CLOSED  # a BreakerState
         self._failed = 0  # consecutive unavailable calls
         self._opened_at = 0.0
         self._listeners: list[BreakerListener] = []
