@@ -29,6 +29,7 @@ FLOORS: list[tuple[str, set[str]]] = [
             "_request_keys",
             "_routes",
             "_asgi_types",
+            "_web_policy",
         },
     ),
     (
