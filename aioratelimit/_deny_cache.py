@@ -25,35 +25,43 @@ one script call per retry window per process.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 from ._notify import Notifier, Subscription
-from ._rates import Decision
+from ._rates import Decision, new_decision
+
+#: The cache's clock (seconds): when a call was sent, until when a denial holds. Not the
+#: loop's: uvloop's ``loop.time()`` has millisecond resolution, and this one is cheaper.
+clock = time.monotonic
 
 #: The keys a deny cache holds when the option says ``True``.
 DEFAULT_SIZE = 10_000
 
 
 class Denial:
-    """One cost's denial: when its call was sent, until when it holds (loop time), and
-    the decision (its ``reset_after`` runs from ``sent`` too)."""
+    """One cost's denial: when its call was sent, until when it holds (``clock``), the
+    decision (its ``reset_after`` runs from ``sent`` too), and whether it may be trusted
+    (sent after the key's subscription was confirmed)."""
 
-    __slots__ = ("decision", "sent", "until")
+    __slots__ = ("decision", "sent", "trusted", "until")
 
-    def __init__(self, decision: Decision, sent: float) -> None:
+    def __init__(self, decision: Decision, sent: float, trusted: bool) -> None:
         self.decision = decision
         self.sent = sent
         self.until = sent + decision.retry_after
+        self.trusted = trusted
 
     def answer(self, now: float) -> Decision:
         d = self.decision
-        return Decision(
+        reset_after = d.reset_after - (now - self.sent)
+        return new_decision(
             False,
             d.limit,
             d.remaining,
-            max(0.0, d.reset_after - (now - self.sent)),
+            reset_after if reset_after > 0 else 0.0,
             self.until - now,
             "cache",
         )
@@ -67,7 +75,7 @@ class Entry:
 
     def __init__(self) -> None:
         self.denials: dict[int, Denial] = {}
-        #: loop time the subscription was confirmed (None: not yet, nothing is trusted)
+        #: when (``clock``) the subscription was confirmed (None: not yet, nothing trusted)
         self.armed_at: float | None = None
         self.epoch = -1
         self.watcher: asyncio.Task[None] | None = None
@@ -80,38 +88,39 @@ class Entry:
 class DenyCache:
     """An LRU of ``Entry`` by user key, for one limiter."""
 
-    __slots__ = ("_entries", "backend", "gen", "linger", "size")
+    __slots__ = ("backend", "entries", "gen", "linger", "notifier", "size")
 
     def __init__(self, size: int, linger: float) -> None:
         self.size = size
         #: how long a key stays subscribed after its last denial ran out (s)
         self.linger = linger
-        self._entries: OrderedDict[str, Entry] = OrderedDict()
+        #: by user key, least recently used first (read directly by the hot path)
+        self.entries: OrderedDict[str, Entry] = OrderedDict()
         #: bumped by every ``forget``: a denial sent before one is never stored
         self.gen = 0
-        #: the backend the entries were learned on (a new default backend clears them)
+        #: the backend the entries were learned on (a new default backend clears them),
+        #: and its notifier
         self.backend: Any = None
+        self.notifier: Notifier | None = None
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.entries)
 
     def entry(self, key: str) -> Entry | None:
-        return self._entries.get(key)
+        return self.entries.get(key)
 
-    def lookup(
-        self, key: str, entry: Entry, cost: int, now: float, notifier: Notifier
-    ) -> Decision | None:
+    def lookup(self, key: str, entry: Entry, cost: int, now: float) -> Decision | None:
         """The cached denial of ``cost``, if it still holds and can be trusted."""
         denial = entry.denials.get(cost)
-        armed = entry.armed_at
-        if denial is None or armed is None or denial.sent < armed or now >= denial.until:
+        if denial is None or not denial.trusted or now >= denial.until:
             return None
-        if entry.epoch != notifier.epoch or (entry.sub is not None and entry.sub.woken):
+        sub = entry.sub
+        if (sub is not None and sub.woken) or entry.epoch != _epoch(self.notifier):
             # Told to forget (the watcher has not run yet), or the subscriber reconnected
             # since the entry was armed (a message may have been lost with it).
             self.forget(key)
             return None
-        self._entries.move_to_end(key)
+        self.entries.move_to_end(key)
         return denial.answer(now)
 
     def remember(
@@ -126,7 +135,7 @@ class DenyCache:
         """Keep ``decision`` (a denial of a call sent at ``sent``, when ``gen`` was current)."""
         if gen != self.gen:
             return  # a forget happened while it was in flight
-        entries = self._entries
+        entries = self.entries
         entry = entries.get(key)
         if entry is None:
             entry = entries[key] = Entry()
@@ -136,28 +145,39 @@ class DenyCache:
                 _stop(old)
         else:
             entries.move_to_end(key)
-        entry.denials[cost] = Denial(decision, sent)
+        armed = entry.armed_at
+        entry.denials[cost] = Denial(decision, sent, armed is not None and sent >= armed)
 
     def forget(self, key: str) -> None:
         """Drop what is known of ``key`` now (a reset, a refund, a block, a message)."""
         self.gen += 1
-        entry = self._entries.pop(key, None)
+        entry = self.entries.pop(key, None)
         if entry is not None:
             _stop(entry)
 
     def drop(self, key: str, entry: Entry) -> None:
         """The watcher of ``entry`` is leaving: remove the entry if it is still the key's."""
-        if self._entries.get(key) is entry:
-            del self._entries[key]
+        if self.entries.get(key) is entry:
+            del self.entries[key]
+
+    def use(self, backend: Any) -> None:
+        """Serve ``backend`` from now on (what was learned on another one is dropped)."""
+        self.clear()
+        self.backend = backend
+        self.notifier = backend.notifier
 
     def clear(self) -> None:
         self.gen += 1
-        entries, self._entries = self._entries, OrderedDict()
+        entries, self.entries = self.entries, OrderedDict()
         for entry in entries.values():
             _stop(entry)
 
     def __repr__(self) -> str:
-        return f"<DenyCache keys={len(self._entries)}/{self.size}>"
+        return f"<DenyCache keys={len(self.entries)}/{self.size}>"
+
+
+def _epoch(notifier: Notifier | None) -> int:
+    return -2 if notifier is None else notifier.epoch
 
 
 def _stop(entry: Entry) -> None:
@@ -177,7 +197,7 @@ def start_watch(
     sub = entry.sub = notifier.subscribe(channel, wake_all=True)
     if notifier.attach(sub):  # memory://: it hears every reset from now on
         entry.epoch = notifier.epoch
-        entry.armed_at = loop.time()
+        entry.armed_at = clock()
     return loop.create_task(_watch(cache, notifier, sub, key, entry))
 
 
@@ -186,16 +206,15 @@ async def _watch(
 ) -> None:
     """The watcher of one key: subscribed to its channel while the key has denials, it
     forgets the key on a message, and leaves ``linger`` s after the last denial ran out."""
-    loop = asyncio.get_running_loop()
     try:
         if entry.armed_at is None:
             await sub.__aenter__()
             if notifier.confirmed(sub.channel):
                 entry.epoch = notifier.epoch
-                entry.armed_at = loop.time()
+                entry.armed_at = clock()
         while True:
             last = max((d.until for d in entry.denials.values()), default=0.0)
-            left = last + cache.linger - loop.time()
+            left = last + cache.linger - clock()
             if left <= 0:
                 break
             if await sub.wait(left):

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from . import _deny_cache, _keys
 from ._args import check_key
 from ._backend import Backend, get_backend
-from ._deny_cache import DenyCache, Entry
+from ._deny_cache import DenyCache, Entry, clock
 from ._errors import BackendUnavailable
 from ._failure import Breaker, Policy
 from ._rates import Decision
@@ -48,25 +48,31 @@ class Guarded(Protocol):
 
 async def decide(lim: Guarded, key: str, cost: int, commit: int) -> Decision:
     """``hit`` (``commit=1``) or ``peek`` (``commit=0``) through the limiter's options."""
+    cache = lim._cache
+    backend = lim._backend or get_backend()
+    if cache is not None and type(cost) is int and type(key) is str:
+        # The hot path under attack: one dict lookup, and the answer from memory.
+        entry = cache.entries.get(key)
+        if entry is not None and cache.backend is backend:
+            cached = cache.lookup(key, entry, cost, clock())
+            if cached is not None:
+                return shaped(lim, cached) if lim.shadow else cached
     check_key(key)
     lim._check_cost(cost)  # bad input raises here, before any I/O, whatever the breaker says
-    backend = lim._backend or get_backend()
-    cache, breaker = lim._cache, lim._breaker
-    loop = asyncio.get_running_loop()
-    entry: Entry | None = None
+    breaker = lim._breaker
+    entry = None
     flight: asyncio.Future[Decision | None] | None = None
     if cache is not None:
         if cache.backend is not backend:  # another default backend: nothing learned holds
-            cache.clear()
-            cache.backend = backend
-        while (entry := cache.entry(key)) is not None:
-            cached = cache.lookup(key, entry, cost, loop.time(), backend.notifier)
+            cache.use(backend)
+        while (entry := cache.entries.get(key)) is not None:
+            cached = cache.lookup(key, entry, cost, clock())
             if cached is not None:
                 return shaped(lim, cached)
             shared = entry.flights.get(cost)
             if shared is None:
                 if entry.armed_at is not None:  # the others share this call
-                    flight = entry.flights[cost] = loop.create_future()
+                    flight = entry.flights[cost] = asyncio.get_running_loop().create_future()
                 break
             # A call for this cost is under way (its denial just ran out): its denial holds
             # for this hit too, made meanwhile; if it was admitted, take turns (one call in
@@ -79,7 +85,7 @@ async def decide(lim: Guarded, key: str, cost: int, commit: int) -> Decision:
             _land(entry, cost, flight, None)
         return await degraded(lim, key, cost, commit, None)
     decision: Decision | None = None
-    sent, gen = loop.time(), cache.gen if cache is not None else 0
+    sent, gen = clock(), cache.gen if cache is not None else 0
     try:
         decision = Decision.from_reply(await lim._send(key, cost, commit))
     except BackendUnavailable as exc:
