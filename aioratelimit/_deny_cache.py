@@ -115,7 +115,9 @@ class DenyCache:
         if denial is None or not denial.trusted or now >= denial.until:
             return None
         sub = entry.sub
-        if (sub is not None and sub.woken) or entry.epoch != _epoch(self.notifier):
+        notifier = self.notifier
+        epoch = -2 if notifier is None else notifier.epoch
+        if (sub is not None and sub.woken) or entry.epoch != epoch:
             # Told to forget (the watcher has not run yet), or the subscriber reconnected
             # since the entry was armed (a message may have been lost with it).
             self.forget(key)
@@ -174,10 +176,6 @@ class DenyCache:
 
     def __repr__(self) -> str:
         return f"<DenyCache keys={len(self.entries)}/{self.size}>"
-
-
-def _epoch(notifier: Notifier | None) -> int:
-    return -2 if notifier is None else notifier.epoch
 
 
 def _stop(entry: Entry) -> None:

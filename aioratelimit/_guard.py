@@ -46,17 +46,27 @@ class Guarded(Protocol):
     async def _decide(self, key: str, cost: int, commit: int) -> Decision: ...
 
 
+def cached(lim: Guarded, key: str, cost: int) -> Decision | None:
+    """The hot path under attack, a plain function (no coroutine to pay for): the deny
+    cache's answer for ``key`` and ``cost``, or None (then ``decide``)."""
+    cache = lim._cache
+    # One dict lookup; the type checks keep 1.0 or True from matching a cost of 1.
+    entry = None if cache is None else cache.entries.get(key)
+    if entry is None or type(cost) is not int or type(key) is not str:
+        return None
+    assert cache is not None
+    if cache.backend is not (lim._backend or get_backend()):
+        return None
+    answer = cache.lookup(key, entry, cost, clock())
+    if answer is not None and lim.shadow:
+        return shaped(lim, answer)
+    return answer
+
+
 async def decide(lim: Guarded, key: str, cost: int, commit: int) -> Decision:
     """``hit`` (``commit=1``) or ``peek`` (``commit=0``) through the limiter's options."""
     cache = lim._cache
     backend = lim._backend or get_backend()
-    if cache is not None and type(cost) is int and type(key) is str:
-        # The hot path under attack: one dict lookup, and the answer from memory.
-        entry = cache.entries.get(key)
-        if entry is not None and cache.backend is backend:
-            cached = cache.lookup(key, entry, cost, clock())
-            if cached is not None:
-                return shaped(lim, cached) if lim.shadow else cached
     check_key(key)
     lim._check_cost(cost)  # bad input raises here, before any I/O, whatever the breaker says
     breaker = lim._breaker

@@ -155,19 +155,19 @@ class Limiter:
 
     async def _decide(self, key: str, cost: int, commit: int) -> Decision:
         if not self._plain:
-            return await _guard.decide(self, key, cost, commit)
+            return _guard.cached(self, key, cost) or await _guard.decide(self, key, cost, commit)
         return Decision.from_reply(await self._send(key, cost, commit))
 
     async def hit(self, key: str, cost: int = 1) -> Decision:
         """Count ``cost`` hits for ``key`` if every rate admits them (a denied hit counts none)."""
         if not self._plain:
-            return await _guard.decide(self, key, cost, 1)
+            return _guard.cached(self, key, cost) or await _guard.decide(self, key, cost, 1)
         return Decision.from_reply(await self._send(key, cost, 1))
 
     async def peek(self, key: str, cost: int = 1) -> Decision:
         """What ``hit`` would answer now; changes nothing."""
         if not self._plain:
-            return await _guard.decide(self, key, cost, 0)
+            return _guard.cached(self, key, cost) or await _guard.decide(self, key, cost, 0)
         return Decision.from_reply(await self._send(key, cost, 0))
 
     async def reset(self, key: str) -> None:
