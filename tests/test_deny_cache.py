@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
+import redis
+from servers import RedisServer
 
 import aioratelimit as arl
 from aioratelimit._scripts import Arg, Reply, Script
@@ -186,3 +188,30 @@ async def test_bad_input_is_refused_before_the_cache(key: str) -> None:
         with pytest.raises(exc):
             await limiter.hit(key, cost)  # type: ignore[arg-type]
     assert counting.calls == 0
+
+
+async def test_a_lost_subscriber_connection_voids_the_cache(
+    own_redis: RedisServer, key: str
+) -> None:
+    """The subscriber's connection is killed (a reset's message may be lost with it): the
+    next hit asks the backend again, and denials are cached again once resubscribed."""
+    async with arl.Backend.from_url(own_redis.url) as backend:
+        limiter = arl.FixedWindow("1/hour", backend=backend, deny_cache=10)
+        await cached_denial(limiter, key, 1)
+        epoch = backend.notifier.epoch
+        admin = redis.Redis(port=own_redis.port, socket_timeout=10)
+        try:
+            assert admin.client_kill_filter(_type="pubsub") >= 1
+        finally:
+            admin.close()
+        for _ in range(500):  # the reader notices within its 1 s read timeout
+            if backend.notifier.epoch != epoch:
+                break
+            await asyncio.sleep(0.01)
+        assert backend.notifier.epoch != epoch
+        counting = Counting(backend)
+        d = await limiter.hit(key)
+        assert (d.allowed, d.source) == (False, "redis")
+        assert counting.calls == 1
+        again = await cached_denial(limiter, key, 0)  # subscribed again, then cached
+        assert again.source == "cache"
