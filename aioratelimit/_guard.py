@@ -19,7 +19,7 @@ from . import _deny_cache, _keys
 from ._args import check_key
 from ._backend import Backend, get_backend
 from ._deny_cache import DenyCache, Entry, clock
-from ._errors import BackendUnavailable
+from ._errors import BackendError, BackendUnavailable
 from ._failure import Breaker, Policy
 from ._rates import Decision
 
@@ -102,6 +102,10 @@ async def decide(lim: Guarded, key: str, cost: int, commit: int) -> Decision:
         if breaker is not None:
             breaker.failed()
         return await degraded(lim, key, cost, commit, exc)
+    except BackendError:
+        if breaker is not None:  # the server answered (with an error): it is up
+            breaker.succeeded()
+        raise
     except BaseException:
         if breaker is not None:
             breaker.abandoned()

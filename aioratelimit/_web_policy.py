@@ -16,7 +16,7 @@ import dataclasses
 from typing import Any
 
 from ._backend import Backend
-from ._errors import BackendUnavailable
+from ._errors import BackendError, BackendUnavailable
 from ._failure import Breaker, Fallback
 from ._ratelimit import Limiter
 from ._rates import Decision
@@ -77,6 +77,10 @@ class WebPolicy:
                 if breaker is not None:
                     breaker.failed()
                 decision = await self._degraded(limiter, key, cost, exc)
+            except BackendError:
+                if breaker is not None:  # the server answered (with an error): it is up
+                    breaker.succeeded()
+                raise
             except BaseException:
                 if breaker is not None:
                     breaker.abandoned()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -243,3 +244,40 @@ async def test_shadow_with_the_cache(backend: arl.Backend, key: str) -> None:
     assert seen[-1].source == "cache"
     assert seen[-1].shadow_denied
     assert all(d.allowed for d in seen)
+
+
+def test_breaker_states_step_by_step() -> None:
+    """The breaker alone: opens after ``failures`` consecutive failures (a success between
+    resets the count), lets exactly one probe through per cool-down, reopens when the probe
+    fails, lets the next call probe at once when a probe is abandoned, closes on success;
+    a listener that raises changes nothing."""
+    breaker = arl.Breaker(failures=2, cooldown=0.05)
+    seen: list[str] = []
+    breaker.on_change(lambda b, old, new: seen.append(new))
+
+    def broken(b: arl.Breaker, old: str, new: str) -> None:
+        raise RuntimeError("a listener's bug")
+
+    breaker.on_change(broken)  # logged, ignored
+    breaker.failed()
+    breaker.succeeded()
+    breaker.failed()
+    assert breaker.state == "closed"
+    breaker.failed()
+    assert breaker.state == "open"
+    assert not breaker.allow()
+    time.sleep(0.06)
+    assert breaker.allow()  # the probe
+    assert breaker.state == "half_open"
+    assert not breaker.allow()  # only one
+    breaker.failed()
+    assert breaker.state == "open"
+    assert not breaker.allow()
+    time.sleep(0.06)
+    assert breaker.allow()
+    breaker.abandoned()  # the probe was cancelled: no answer either way
+    assert breaker.allow()  # the next call probes at once
+    breaker.succeeded()
+    assert breaker.state == "closed"
+    assert breaker.allow()
+    assert seen == ["open", "half_open", "open", "half_open", "open", "half_open", "closed"]
