@@ -15,12 +15,12 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from . import _deny_cache, _keys
-from ._args import check_key
+from . import _deny_cache, _keys, _scripts
+from ._args import check_int, check_key
 from ._backend import Backend, get_backend
 from ._deny_cache import DenyCache, Entry, clock
 from ._errors import BackendError, BackendUnavailable
-from ._failure import Breaker, Policy
+from ._failure import Breaker, Policy, check_policy
 from ._rates import Decision
 
 
@@ -40,6 +40,8 @@ class Guarded(Protocol):
     def _fallback(self) -> Guarded | None: ...
 
     def _check_cost(self, cost: object) -> int: ...
+
+    def _keys(self, backend: Backend, key: str) -> list[str]: ...
 
     def _send(self, key: str, cost: int, commit: int) -> Awaitable[Any]: ...
 
@@ -167,3 +169,65 @@ def shaped(lim: Guarded, decision: Decision) -> Decision:
     return dataclasses.replace(
         decision, allowed=True, shadow=True, shadow_denied=not decision.allowed
     )
+
+
+class Options:
+    """A limiter's options, checked (before anything else is built)."""
+
+    __slots__ = ("cache", "name", "policy")
+
+    def __init__(
+        self, name: str, rates: tuple[Any, ...], deny_cache: object, on_unavailable: object
+    ) -> None:
+        self.name = name
+        self.cache: DenyCache | None = None
+        if deny_cache is not None:
+            size = check_int(deny_cache, "deny_cache")
+            # A key stays subscribed for a window after its last denial ran out.
+            self.cache = DenyCache(size, max(r.window for r in rates))
+        self.policy: Policy = check_policy(on_unavailable)
+
+    def breaker(self, breaker: object) -> Breaker | None:
+        """The breaker given, or a default one when the policy is not ``"raise"``."""
+        if breaker is not None and not isinstance(breaker, Breaker):
+            raise TypeError(f"breaker must be a Breaker, not {type(breaker).__name__}")
+        if breaker is None and self.policy != "raise":
+            breaker = Breaker(name=self.name)
+        return breaker
+
+    def shadow(self, shadow: object) -> bool:
+        if not isinstance(shadow, bool):
+            raise TypeError(f"shadow must be a bool, not {type(shadow).__name__}")
+        return shadow
+
+
+def shown(lim: Guarded) -> str:
+    """The options in a repr, with their live state (nothing when all are off)."""
+    text = ""
+    if lim._cache is not None:
+        text += f" deny_cache={len(lim._cache)}/{lim._cache.size}"
+    if lim.on_unavailable != "raise":
+        text += f" on_unavailable={lim.on_unavailable!r}"
+    if lim._breaker is not None:
+        text += f" breaker={lim._breaker.state}"
+    return text + (" shadow" if lim.shadow else "")
+
+
+async def invalidate(lim: Guarded, key: str, reset: bool) -> None:
+    """``Limiter._invalidate``: forget ``key`` here at once, then run
+    ``lua/rate_invalidate.lua`` (which tells every process; with ``reset``, after removing
+    the key's counters)."""
+    cache = lim._cache
+    if cache is not None:
+        cache.forget(key)
+    backend = lim._backend or get_backend()
+    channel = _keys.rate_channel(backend.head(lim._kind, lim.name), key)
+    try:
+        await backend.run(
+            _scripts.RATE_INVALIDATE,
+            lim._keys(backend, key),
+            (int(reset), channel, backend.publish_command),
+        )
+    finally:
+        if cache is not None:  # a denial sent before the reset, answered after it
+            cache.forget(key)

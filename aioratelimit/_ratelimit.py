@@ -19,7 +19,7 @@ from ._args import check_int, check_key, check_timeout
 from ._backend import Backend, get_backend
 from ._deny_cache import DenyCache
 from ._errors import RateLimited
-from ._failure import Breaker, Fallback, Policy, check_policy
+from ._failure import Breaker, Fallback, Policy
 from ._rates import Decision, Rate, RateLike, as_rate
 from ._scripts import Script
 
@@ -92,23 +92,13 @@ class Limiter:
     ) -> None:
         """The options on top of the plain decision (``_guard``); with all of them off a
         decision stays the one script call it was."""
-        if deny_cache is not None:
-            size = check_int(deny_cache, "deny_cache")
-            # A key stays subscribed for a window after its last denial ran out.
-            self._cache = DenyCache(size, max(r.window for r in rates))
-        self.on_unavailable = check_policy(on_unavailable)
-        if breaker is not None and not isinstance(breaker, Breaker):
-            raise TypeError(f"breaker must be a Breaker, not {type(breaker).__name__}")
-        if breaker is None and on_unavailable != "raise":
-            breaker = Breaker(name=self.name or self._kind)
-        self._breaker = breaker
-        if isinstance(on_unavailable, Fallback):
+        options = _guard.Options(self.name or self._kind, rates, deny_cache, on_unavailable)
+        self._cache, self.on_unavailable = options.cache, options.policy
+        self._breaker, self.shadow = options.breaker(breaker), options.shadow(shadow)
+        if isinstance(self.on_unavailable, Fallback):
             # Its own memory:// store: counted in this process only, never sent anywhere.
-            self._fallback = self._scaled(on_unavailable, Backend.from_url("memory://"))
-        if not isinstance(shadow, bool):
-            raise TypeError(f"shadow must be a bool, not {type(shadow).__name__}")
-        self.shadow = shadow
-        self._plain = deny_cache is None and breaker is None and not shadow
+            self._fallback = self._scaled(self.on_unavailable, Backend.from_url("memory://"))
+        self._plain = self._cache is None and self._breaker is None and not self.shadow
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
         """The same limiter with every limit scaled to ``share``, on ``backend``."""
@@ -181,20 +171,7 @@ class Limiter:
     async def _invalidate(self, key: str, *, reset: bool = False) -> None:
         """Forget the local denial of ``key`` at once, then tell the other processes (with
         ``reset``, after removing the key's counters, in the same script)."""
-        cache = self._cache
-        if cache is not None:
-            cache.forget(key)
-        backend = self._backend or get_backend()
-        channel = _keys.rate_channel(backend.head(self._kind, self.name), key)
-        try:
-            await backend.run(
-                _scripts.RATE_INVALIDATE,
-                self._keys(backend, key),
-                (int(reset), channel, backend.publish_command),
-            )
-        finally:
-            if cache is not None:  # a denial sent before the reset, answered after it
-                cache.forget(key)
+        await _guard.invalidate(self, key, reset)
 
     async def acquire(
         self, key: str, cost: int = 1, *, wait: bool = False, timeout: float | None = None
@@ -331,7 +308,8 @@ class FixedWindow(Limiter):
         return FixedWindow(*rates, backend=backend, name=self.name)
 
     def __repr__(self) -> str:
-        return f"<FixedWindow {', '.join(map(str, self.rates))} name={self.name!r}>"
+        rates = ", ".join(map(str, self.rates))
+        return f"<FixedWindow {rates} name={self.name!r}{_guard.shown(self)}>"
 
 
 class SlidingWindow(Limiter):
@@ -375,7 +353,9 @@ class SlidingWindow(Limiter):
 
     def __repr__(self) -> str:
         rates = ", ".join(map(str, self.rates))
-        return f"<SlidingWindow {rates} buckets={self.buckets} name={self.name!r}>"
+        return (
+            f"<SlidingWindow {rates} buckets={self.buckets} name={self.name!r}{_guard.shown(self)}>"
+        )
 
 
 class TokenBucket(Limiter):
@@ -420,4 +400,6 @@ class TokenBucket(Limiter):
         return (self.rate,)
 
     def __repr__(self) -> str:
-        return f"<TokenBucket {self.rate} burst={self.burst} name={self.name!r}>"
+        return (
+            f"<TokenBucket {self.rate} burst={self.burst} name={self.name!r}{_guard.shown(self)}>"
+        )
