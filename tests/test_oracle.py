@@ -340,17 +340,17 @@ def token_buckets(user: str) -> list[Limiter]:
 def limiter_calls(script: str, limiters: Callable[[str], list[Limiter]]) -> st.SearchStrategy[Call]:
     """Hits and peeks on the application's limiters, resets (DEL of one's keys), and
     resets and bare invalidations through ``rate_invalidate`` (told on its channel)."""
-    hits, resets = [], []
+    hits, resets, invalidations = [], [], []
     for user in USERS:
         for keys, args in limiters(user):
             hits += [Call(script, keys, a) for a in args]
             resets.append(Call("delete", keys, ()))
             channel = _keys.rate_channel(keys[0].partition("{")[0], user)
-            resets += [
+            invalidations += [
                 Call("rate_invalidate", keys, (reset, channel, p))
                 for reset, p in product((0, 1), PUBLISH)
             ]
-    return weighted((hits, 6), (resets, 1))
+    return weighted((hits, 6), (resets, 1), (invalidations, 2))
 
 
 def lock_calls() -> st.SearchStrategy[Call]:
