@@ -17,8 +17,9 @@ from collections.abc import Callable
 from . import _admin
 from ._backend import Backend
 from ._cli_output import CliError, out, seconds, table, where
+from ._limiters import FixedWindow, SlidingWindow, TokenBucket
 from ._lock import Lock, Semaphore
-from ._ratelimit import FixedWindow, Limiter, SlidingWindow, TokenBucket
+from ._ratelimit import Limiter
 from ._rates import Decision
 from ._scripts import IdemState
 

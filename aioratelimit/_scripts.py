@@ -127,6 +127,8 @@ SLIDING_WINDOW_REFUND = _load("sliding_window_refund")
 TOKEN_BUCKET_REFUND = _load("token_bucket_refund")
 #: the number of keys that existed
 DELETE = _load("delete")
+#: a limiter's reset (and the deny caches' invalidation): the number of keys removed
+RATE_INVALIDATE = _load("rate_invalidate")
 
 TOKEN_ISSUE = _load("token_issue")  # 1 stored, 0 a record of that token exists already
 TOKEN_CONSUME = _load("token_consume")

@@ -381,15 +381,21 @@ def token_buckets(user: str) -> list[Limiter]:
 
 def limiter_calls(script: str, limiters: Callable[[str], list[Limiter]]) -> st.SearchStrategy[Call]:
     """Hits and peeks on the application's limiters (every mode), resets (DEL of one's
-    keys), blocks and refunds."""
-    hits, resets, blocks, refunds = [], [], [], []
+    keys), blocks and refunds, and resets and bare invalidations through
+    ``rate_invalidate`` (told on its channel)."""
+    hits, resets, blocks, refunds, invalidations = [], [], [], [], []
     for user in USERS:
         for keys, args, refund_args in limiters(user):
             hits += [Call(script, keys, a) for a in args]
             resets.append(Call("delete", keys, ()))
             blocks += [Call("limiter_block", keys[-1:], (d,)) for d in DURATIONS_US[:5]]
             refunds += [Call(f"{script}_refund", keys[:-1], a) for a in refund_args]
-    return weighted((hits, 8), (resets, 1), (blocks, 1), (refunds, 3))
+            channel = _keys.rate_channel(keys[0].partition("{")[0], user)
+            invalidations += [
+                Call("rate_invalidate", keys, (reset, channel, p))
+                for reset, p in product((0, 1), PUBLISH)
+            ]
+    return weighted((hits, 8), (resets, 1), (blocks, 1), (refunds, 3), (invalidations, 2))
 
 
 def lock_calls() -> st.SearchStrategy[Call]:
@@ -626,6 +632,7 @@ class FixedWindows(Oracle):
         "delete": {0, 1},
         "limiter_block": set(),  # (it answers microseconds: no codes)
         "fixed_window_refund": {0, 1},
+        "rate_invalidate": {0},  # (its removals count keys, as delete's: any number)
     }
 
     @rule(move=MOVES, call=limiter_calls("fixed_window", fixed_windows))
@@ -643,6 +650,7 @@ class SlidingWindows(Oracle):
         "delete": {0, 1},
         "limiter_block": set(),
         "sliding_window_refund": {0, 1},
+        "rate_invalidate": {0},  # (its removals count keys, as delete's: any number)
     }
 
     @rule(move=MOVES, call=limiter_calls("sliding_window", sliding_windows))
@@ -660,6 +668,7 @@ class TokenBuckets(Oracle):
         "delete": {0, 1},
         "limiter_block": set(),
         "token_bucket_refund": {0, 1},
+        "rate_invalidate": {0},  # (its removals count keys, as delete's: any number)
     }
 
     @rule(move=MOVES, call=limiter_calls("token_bucket", token_buckets))
@@ -890,21 +899,27 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     await fixed.block("u", 0.0025)
     expect("fixed_window", fixed_keys("u", rates), (2, 1, *rate_args(rates)))
     expect("fixed_window", fixed_keys("u", rates), (1, 0, *rate_args(rates)))
-    expect("delete", fixed_keys("u", rates), ())
+    channel = _keys.rate_channel(head("fw"), "u")
+    expect("rate_invalidate", fixed_keys("u", rates), (1, channel, "PUBLISH"))
     expect("fixed_window", fixed_keys("u", rates), (9, 5, *rate_args(rates)))
     expect("fixed_window_refund", fixed_keys("u", rates)[:-1], (2,))
+    expect("rate_invalidate", fixed_keys("u", rates), (0, channel, "PUBLISH"))
     expect("limiter_block", [block_key("fw", "u")], (2_500,))
     sliding = arl.SlidingWindow(*limits, buckets=7, backend=backend, count_denied=True)
     await sliding.hit("v{w}", 3)
     await sliding.refund("v{w}", 1)
+    channel = _keys.rate_channel(head("sw"), "v{w}")
     expect("sliding_window", sliding_keys("v{w}", 7, rates), (3, 2, 7, *rate_args(rates)))
     expect("sliding_window_refund", sliding_keys("v{w}", 7, rates)[:-1], (1, 7, *rate_args(rates)))
+    expect("rate_invalidate", sliding_keys("v{w}", 7, rates), (0, channel, "PUBLISH"))
     bucket = arl.TokenBucket(limits[0], burst=2, backend=backend)
     await bucket.hit("u")
     await bucket.refund("u")
     await bucket.acquire("u", 2, wait=True, timeout=0)
     expect("token_bucket", bucket_keys("u", R3, 2), (1, 1, 2, interval_us(R3)))
     expect("token_bucket_refund", bucket_keys("u", R3, 2)[:-1], (1, interval_us(R3)))
+    channel = _keys.rate_channel(head("tb"), "u")
+    expect("rate_invalidate", bucket_keys("u", R3, 2), (0, channel, "PUBLISH"))
     expect("token_bucket", bucket_keys("u", R3, 2), (2, 1, 2, interval_us(R3), 0))
 
     lock = arl.Lock("L1", ttl=0.005, backend=backend)
@@ -974,7 +989,9 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
 
     await backend.aclose()
     assert calls == sent
-    assert {name for name, _, _ in calls} == set(SCRIPTS)
+    # ``delete`` is no longer the library's (a reset is ``rate_invalidate``, which tells the
+    # deny caches): the tests keep it to remove keys, and the machines above still check it.
+    assert {name for name, _, _ in calls} == set(SCRIPTS) - {"delete"}
     # The oracle's tokens and owners look like the library's.
     for drawn in (token, owner, second, *TOKENS):
         assert re.fullmatch(r"[A-Za-z0-9_-]{22}", drawn), drawn

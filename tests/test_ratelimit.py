@@ -35,6 +35,10 @@ def make(request: pytest.FixtureRequest) -> Make:
     return ALGORITHMS[request.param]
 
 
+#: the scripts a reset runs (not limiter decisions)
+RESETS = ("delete", "rate_invalidate")
+
+
 class Recorder:
     """Wraps ``backend.run`` to keep every raw script reply (the last field is now_us)."""
 
@@ -55,11 +59,11 @@ class Recorder:
         return sorted(
             (int(reply[5]) + int(reply[4]), int(args[0]))
             for name, args, reply in self.calls
-            if name != "delete" and int(args[1]) == 1 and reply[0] == 1
+            if name not in RESETS and int(args[1]) == 1 and reply[0] == 1
         )
 
     def limiter_calls(self) -> int:
-        return sum(name != "delete" for name, _, _ in self.calls)
+        return sum(name not in RESETS for name, _, _ in self.calls)
 
 
 async def hits(limiter: Any, key: str, n: int, cost: int = 1) -> list[arl.Decision]:
