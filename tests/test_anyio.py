@@ -14,18 +14,21 @@ from __future__ import annotations
 import contextlib
 import random
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
 import anyio
 import pytest
 
 import aioratelimit as arl
 
+#: one operation to cancel (anyio's task groups take coroutine functions)
+Op = Callable[[], Coroutine[Any, Any, None]]
 CANCELLATIONS = 500
 LIMIT = 2
 
 
-async def cancelled(rng: random.Random, op: Callable[[], Awaitable[None]]) -> None:
+async def cancelled(rng: random.Random, op: Op) -> None:
     """Run ``op`` under one of anyio's ways to cancel it, after a random delay (none, a
     loop turn, or up to a few ms: inside acquire, hold or release)."""
     delay = rng.choice([0.0, 0.0001, rng.uniform(0, 0.004), rng.uniform(0, 0.004)])
@@ -50,16 +53,14 @@ async def cancelled(rng: random.Random, op: Callable[[], Awaitable[None]]) -> No
             tg.start_soon(cancel, tg.cancel_scope)
 
 
-def hold(rng: random.Random) -> Callable[[], Awaitable[None]]:
+def hold(rng: random.Random) -> Op:
     async def held() -> None:
         await anyio.sleep(rng.choice([0, 0, 0.001, 0.003]))
 
     return held
 
 
-def lock_ops(
-    backend: arl.Backend, name: str, rng: random.Random
-) -> list[Callable[[], Awaitable[None]]]:
+def lock_ops(backend: arl.Backend, name: str, rng: random.Random) -> list[Op]:
     lk = arl.Lock(name, ttl=30, backend=backend)
 
     async def block() -> None:
@@ -81,9 +82,7 @@ def lock_ops(
     return [block, manual, contended]
 
 
-def semaphore_ops(
-    backend: arl.Backend, name: str, rng: random.Random
-) -> list[Callable[[], Awaitable[None]]]:
+def semaphore_ops(backend: arl.Backend, name: str, rng: random.Random) -> list[Op]:
     sem = arl.Semaphore(name, limit=LIMIT, ttl=30, backend=backend)
 
     async def block() -> None:
