@@ -139,3 +139,54 @@ def test_a_client_of_another_event_loop_is_a_backend_error(redis_url: str) -> No
     finally:
         first.close()
         second.close()
+
+
+# -- what an error reply says, and what fail-open covers -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reply", "fix"),
+    [
+        ("unknown command 'evalsha', with args beginning with: 'abc'", "pip install lupa"),
+        (
+            "Error running script: @user_script:31: Unknown Redis command called from Lua script",
+            "needs Redis 6.2 or newer",
+        ),
+        ("command not allowed when used memory > 'maxmemory'.", "maxmemory reached"),
+    ],
+)
+def test_an_error_reply_names_its_fix(reply: str, fix: str) -> None:
+    """The translation of an error reply whose cause is known adds what to do."""
+    from aioratelimit._stores.base import translate
+
+    error = translate(redis.ResponseError(reply))
+    assert isinstance(error, arl.BackendError)
+    assert fix in str(error)
+    assert str(error).startswith(f"Redis answered with an error: {reply}")
+
+
+async def test_fail_open_does_not_cover_a_backend_error(own_redis: RedisServer) -> None:
+    """RateLimitMiddleware(fail_open=True) lets traffic through an outage, not past a
+    server that answers with an error (here maxmemory): that request fails (500)."""
+    import httpx
+
+    from aioratelimit.asgi import RateLimitMiddleware
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    admin = redis.Redis(port=own_redis.port)
+    try:
+        async with arl.Backend.from_url(own_redis.url) as backend:
+            limiter = arl.FixedWindow("100/minute", backend=backend)
+            guarded = RateLimitMiddleware(app, limiter, fail_open=True)
+            transport = httpx.ASGITransport(app=guarded, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as web:
+                assert (await web.get("/")).status_code == 200
+                admin.config_set("maxmemory-policy", "noeviction")
+                admin.config_set("maxmemory", "1")
+                assert (await web.get("/")).status_code == 500
+    finally:
+        admin.config_set("maxmemory", "0")
+        admin.close()
