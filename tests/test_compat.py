@@ -265,3 +265,24 @@ async def test_a_redis_6_2_cluster_is_refused_clearly() -> None:
         admin.close()
     finally:
         server.stop()
+
+
+@needs_6_2
+@pytest.mark.sentinel
+async def test_the_conformance_core_on_a_redis_6_2_sentinel_group() -> None:
+    """A 6.2 master, replica and three 6.2 sentinels: every primitive, wake-ups included."""
+    import cluster_fixtures
+
+    deployment = cluster_fixtures.SentinelDeployment()
+    with (
+        mock.patch.object(servers, "REDIS_SERVER", REDIS_6_2),
+        mock.patch.object(cluster_fixtures, "REDIS_SERVER", REDIS_6_2),
+    ):
+        deployment.start()
+    try:
+        async with arl.Backend.from_url(deployment.url) as backend:
+            await conformance_core(backend, uuid.uuid4().hex)
+        version = redis.Redis(port=deployment.master_port()).info("server")["redis_version"]
+        assert version.startswith("6.2."), version
+    finally:
+        deployment.stop()
