@@ -26,6 +26,7 @@ import pytest
 import redis
 import redis.asyncio as aredis
 import servers
+import valkey.asyncio as avalkey
 from core_calls import conformance_core
 from script_checks import KEY_ARGS, KEYS_CHECK, called, options, sources
 from servers import RedisServer, free_port
@@ -291,3 +292,34 @@ async def test_the_conformance_core_on_a_redis_6_2_sentinel_group() -> None:
         assert version.startswith("6.2."), version
     finally:
         deployment.stop()
+
+
+VALKEY = os.environ.get("AIORATELIMIT_TEST_VALKEY")
+
+
+class Valkey(RedisServer):
+    """A valkey-server built by hand (``AIORATELIMIT_TEST_VALKEY``)."""
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        assert VALKEY is not None
+        with mock.patch.object(servers, "REDIS_SERVER", VALKEY):
+            return super().start(timeout)
+
+
+@pytest.mark.skipif(not VALKEY, reason="AIORATELIMIT_TEST_VALKEY names no valkey-server binary")
+@pytest.mark.redis
+async def test_the_conformance_core_on_valkey() -> None:
+    """Every primitive on a real Valkey, through the backend's own connection, a redis-py
+    client and a valkey-py client."""
+    server = Valkey().start()
+    try:
+        hello = redis.Redis(port=server.port, protocol=2).execute_command("HELLO")  # type: ignore[no-untyped-call]
+        assert hello[1] == b"valkey", hello
+        clients = [aredis.Redis.from_url(server.url), avalkey.Valkey.from_url(server.url)]
+        for backend in (arl.Backend.from_url(server.url), *map(arl.Backend, clients)):
+            async with backend:
+                await conformance_core(backend, uuid.uuid4().hex)
+        for client in clients:
+            await client.aclose()
+    finally:
+        server.stop()
