@@ -411,7 +411,6 @@ async def memory_usage(url: str, prefix: str) -> list[list[str]]:
 # -- report --------------------------------------------------------------------------------
 
 
-
 def report(
     redis_figs: Sequence[dict[str, float]],
     mem_figs: Sequence[dict[str, float]],

@@ -50,9 +50,10 @@ class Recorder:
         backend.run = run
 
     def admitted(self) -> list[tuple[int, int]]:
-        """(now_us, cost) of every admitted limiter hit (peeks excluded), by server time."""
+        """(now_us, cost) of every admitted limiter hit (peeks excluded), by server time: a
+        TokenBucket waiter's booking is admitted at now_us + retry_after_us."""
         return sorted(
-            (int(reply[5]), int(args[0]))
+            (int(reply[5]) + int(reply[4]), int(args[0]))
             for name, args, reply in self.calls
             if name != "delete" and int(args[1]) == 1 and reply[0] == 1
         )
@@ -244,7 +245,7 @@ async def test_fixed_window_decision_fields(backend: arl.Backend, key: str) -> N
     """FixedWindow: the window starts at the first hit, so its reset_after is the window."""
     limiter = arl.FixedWindow("2/minute", backend=backend)
     first = await limiter.hit(key)
-    assert first == arl.Decision(True, 2, 1, 60.0, 0.0)
+    assert first == arl.Decision(True, 2, 1, 60.0, 0.0, granted=1)
     second = await limiter.hit(key)
     assert (second.allowed, second.remaining, second.retry_after) == (True, 0, 0.0)
     assert 50 < second.reset_after <= 60
@@ -318,7 +319,7 @@ async def test_token_bucket_decision_fields(backend: arl.Backend, key: str) -> N
     """TokenBucket: each token takes window/limit to come back; limit is the burst."""
     limiter = arl.TokenBucket("2/minute", backend=backend)
     first = await limiter.hit(key)
-    assert first == arl.Decision(True, 2, 1, 30.0, 0.0)
+    assert first == arl.Decision(True, 2, 1, 30.0, 0.0, granted=1)
     second = await limiter.hit(key)
     assert (second.allowed, second.remaining, second.retry_after) == (True, 0, 0.0)
     assert 59 < second.reset_after <= 60
@@ -446,8 +447,14 @@ async def test_wait_sleeps_for_retry_after_and_succeeds(
         assert decision.allowed
     elapsed = time.monotonic() - started
     first_retry = recorder.calls[0][2][4] / 1e6
-    assert recorder.calls[0][2][0] == 0  # the first try was denied...
-    assert 2 <= recorder.limiter_calls() <= 4  # ...then it slept instead of polling
+    if isinstance(limiter, arl.TokenBucket):
+        # One call: the slot was booked (admitted, retry_after_us ahead), then it slept.
+        assert recorder.calls[0][2][0] == 1
+        assert first_retry > 0
+        assert recorder.limiter_calls() == 1
+    else:
+        assert recorder.calls[0][2][0] == 0  # the first try was denied...
+        assert 2 <= recorder.limiter_calls() <= 4  # ...then it slept instead of polling
     assert first_retry - 0.01 <= elapsed < 5
 
 
@@ -559,3 +566,27 @@ async def test_prefix_separates_backends(backend: arl.Backend, make: Make, key: 
     assert (await make("1/hour", backend).hit(key)).allowed
     assert not (await make("1/hour", same).hit(key)).allowed  # the control
     assert (await make("1/hour", other).hit(key)).allowed
+
+
+async def test_memory_never_runs_backwards_when_the_wall_clock_steps_back(
+    make: Make, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """memory:// reads a monotonic clock anchored to the wall clock: with the wall clock
+    stepped back 30 s (NTP, a VM resumed) between hits, no decision reports a reset or a
+    retry beyond its window (a SlidingWindow's: the window plus one sub-window), and a
+    denied key is admitted again once its window has passed."""
+    window = 0.4
+    async with arl.Backend.from_url("memory://") as backend:
+        limiter = make(f"2/{int(window * 1000)}ms", backend)
+        assert (await limiter.hit(key)).allowed
+        real = time.time_ns
+        monkeypatch.setattr(time, "time_ns", lambda: real() - 30_000_000_000)
+        monkeypatch.setattr(time, "time", lambda: real() / 1e9 - 30.0)
+        decisions = [await limiter.hit(key) for _ in range(3)]
+        assert [d.allowed for d in decisions] == [True, False, False]
+        bound = window * 1.1  # a SlidingWindow: the window and one sub-window
+        for d in decisions:
+            assert 0 <= d.reset_after <= bound, d
+            assert 0 <= d.retry_after <= bound, d
+        await asyncio.sleep(bound + 0.05)
+        assert (await limiter.hit(key)).allowed

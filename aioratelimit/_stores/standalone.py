@@ -28,7 +28,16 @@ from .._aio import Gate, Keeper
 from .._errors import BackendError
 from .._notify import Notifier
 from .._scripts import Arg, Reply, Script
-from .base import REDIS_PY, TRANSLATED, OnCall, observed, translate, valkey_errors
+from .base import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    REDIS_PY,
+    TRANSLATED,
+    OnCall,
+    observed,
+    translate,
+    valkey_errors,
+)
 from .endpoint import Endpoint, check_server, endpoint
 from .pubsub import DedicatedPubSub
 from .wire import Link, ReplyError, pack
@@ -42,11 +51,15 @@ class _OnClient:
 
     publish_command = "PUBLISH"
 
-    __slots__ = ("_client", "_notifier")
+    __slots__ = ("_bound", "_client", "_notifier")
 
-    def __init__(self, client: Any) -> None:
+    def __init__(
+        self, client: Any, bound: float = DEFAULT_CONNECT_TIMEOUT + DEFAULT_TIMEOUT
+    ) -> None:
         self._client = client
         self._notifier: Notifier | None = None
+        # What bounds the subscriber's connect and SUBSCRIBE (connect_timeout + timeout).
+        self._bound = bound
 
     @property
     def client(self) -> Any:
@@ -55,7 +68,7 @@ class _OnClient:
     @property
     def notifier(self) -> Notifier:
         if self._notifier is None:
-            self._notifier = Notifier(self._subscriber)
+            self._notifier = Notifier(self._subscriber, bound=self._bound)
         return self._notifier
 
     def _subscriber(self) -> DedicatedPubSub:
@@ -108,7 +121,7 @@ class RedisStore(_OnClient):
         resolve: Callable[[], Awaitable[Endpoint]] | None = None,
     ) -> None:
         #: the redis-py client the wake-up subscriber connects with (closed with the store)
-        super().__init__(client)
+        super().__init__(client, connect_timeout + timeout)
         self.endpoint = endpoint
         self._resolve = resolve  # where the server is, asked anew at each connect (Sentinel)
         self._size = max_in_flight
