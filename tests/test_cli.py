@@ -623,3 +623,23 @@ def test_a_bad_spec_resets_nothing(redis_url: str, key: str) -> None:
         cli("reset", "limit", key, "--fixed", "5/minute", "--fixed", "5/eon", "--url", redis_url)
     )
     assert on(redis_url, hit) == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["inspect", "limit", "k", "--fixed", "5/minute"], "next hit: allowed"),
+        (["inspect", "limit", "k", "--token", "5/minute", "--burst", "2"], "burst=2"),
+        (["inspect", "lock", "jobs"], "free (no holder on record)"),
+        (["inspect", "semaphore", "api"], "0 held"),
+        (["inspect", "idempotency", "order-1"], "unknown: no record"),
+        (["reset", "limit", "k", "--sliding", "5/minute"], "forgotten"),
+        (["reset", "lock", "jobs", "--force"], "is free: nothing to do"),
+    ],
+)
+def test_inspect_and_reset_run_on_memory(args: list[str], says: str) -> None:
+    """Without a URL they run on memory:// (a store of their own process, so empty)."""
+    proc = cli(*args)
+    assert proc.returncode == 0, proc.stderr
+    assert "memory:// (the embedded store: per process)" in proc.stdout
+    assert says in proc.stdout
