@@ -140,7 +140,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     check: Callable[[argparse.Namespace], None] | None = getattr(args, "check", None)
     if check is not None:
         check(args)  # bad input: raised before any backend exists
-    backend = open_backend(url, args.prefix)
+    backend = open_backend(url, args.prefix, source)
     sync = getattr(args, "sync", None)
     if sync is not None:
         return int(sync(args, backend))

@@ -643,3 +643,9 @@ def test_inspect_and_reset_run_on_memory(args: list[str], says: str) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "memory:// (the embedded store: per process)" in proc.stdout
     assert says in proc.stdout
+
+
+def test_a_malformed_redis_url_is_named_as_such() -> None:
+    """A bad ``REDIS_URL`` is reported as that, not as ``--url``: one line, status 2."""
+    line = one_error_line(cli("doctor", url_env="redis://127.0.0.1:notaport/0"))
+    assert line.startswith("aioratelimit: error: invalid REDIS_URL 'redis://127.0.0.1:notaport/0'")
