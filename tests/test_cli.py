@@ -596,6 +596,10 @@ def test_bench_draws_a_progress_bar_on_a_terminal() -> None:
     "args",
     [
         ["inspect", "limit", "k", "--fixed", "100/fortnight"],
+        ["inspect", "limit", "k"],
+        ["inspect", "limit", "k", "--fixed", "5/s", "--token", "5/s"],
+        ["inspect", "limit", "", "--fixed", "5/s"],
+        ["inspect", "gauge", "k"],
         ["inspect", "limit", "k", "--token", "0/second"],
         ["reset", "limit", "k", "--sliding", "5/minute", "--buckets", "0"],
         ["bench", "--url", "redis+cluster://127.0.0.1:1,127.0.0.1:2"],
@@ -607,8 +611,8 @@ def test_bench_draws_a_progress_bar_on_a_terminal() -> None:
     ],
 )
 def test_bad_input_is_one_line_and_status_2(args: list[str]) -> None:
-    """Unknown limiter specs, malformed URLs, a cluster URL for the one-server bench: one
-    line, status 2, before anything is sent."""
+    """Unknown or missing limiter specs, malformed URLs, a cluster URL for the one-server
+    bench, usage errors: one line, status 2, before anything is sent."""
     one_error_line(cli(*args))
 
 
