@@ -118,7 +118,9 @@ async def bench(args: argparse.Namespace, backend: Backend) -> int:
         floor_args = (1, 1, RATE.limit, RATE.window_us)
 
         def floor_op() -> Awaitable[Any]:
-            return client.evalsha(script.sha, 1, *floor_keys, *floor_args)  # type: ignore[no-any-return]
+            return client.evalsha(  # type: ignore[no-any-return]
+                script.sha, len(floor_keys), *floor_keys, *floor_args
+            )
 
         floor = floor_op
     plan = [("sequential", 1), (f"concurrent ({args.concurrency})", args.concurrency)]

@@ -325,7 +325,9 @@ class Running:
 
 async def _release(claimed: Claimed) -> bool:
     claimed._stop_renewal()
-    reply = await claimed._backend.run(
+    # Sent again if its reply is lost (a reset): a lost release would keep the key
+    # "in progress" until its lease passes. Owner-fenced, so a repeat changes nothing.
+    reply = await claimed._backend.run_repeatable(
         _scripts.IDEM_RELEASE, (claimed._record,), (claimed.owner, *claimed._wake)
     )
     claimed.settled = True

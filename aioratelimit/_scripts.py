@@ -57,19 +57,25 @@ def _lua_dir() -> Path:
 @dataclass(frozen=True, slots=True)
 class Script:
     """One Lua file: its name (the file stem), source and SHA1, and the first two RESP
-    arguments of its EVALSHA and of its EVAL, packed once (``_connections.pack``)."""
+    arguments of its EVALSHA and of its EVAL, packed once (``_connections.pack``).
+
+    ``repeatable``: running it twice with the same arguments does what running it once
+    does, and its reply says so (a release that leaves a tombstone): the one kind of
+    script ``Backend.run_repeatable`` sends again after a lost reply.
+    """
 
     name: str
     source: str
     sha: str
     evalsha_head: bytes
     eval_head: bytes
+    repeatable: bool = False
 
     def __repr__(self) -> str:
         return f"<Script {self.name} {self.sha[:8]}>"
 
 
-def script(name: str, source: str) -> Script:
+def script(name: str, source: str, *, repeatable: bool = False) -> Script:
     """The ``Script`` for Lua ``source`` (the files in ``lua/``, or a test's own script)."""
     sha = hashlib.sha1(source.encode()).hexdigest()
     data = source.encode()
@@ -79,6 +85,7 @@ def script(name: str, source: str) -> Script:
         sha,
         b"$7\r\nEVALSHA\r\n$40\r\n%b\r\n" % sha.encode(),
         b"$4\r\nEVAL\r\n$%d\r\n%b\r\n" % (len(data), data),
+        repeatable,
     )
 
 
@@ -86,20 +93,37 @@ def _read(name: str) -> str:
     return (LUA_DIR / f"{name}.lua").read_text(encoding="utf-8")
 
 
-def _load(name: str, *, after: str | None = None) -> Script:
+def _load(name: str, *, after: str | None = None, repeatable: bool = False) -> Script:
     """The script in ``lua/<name>.lua``; with ``after``, that file's Lua first, in the same
     chunk (what several scripts share: a Redis script cannot include another)."""
     source = _read(name) if after is None else _read(after) + _read(name)
-    return script(name, source)
+    return script(name, source, repeatable=repeatable)
 
 
 LUA_DIR = _lua_dir()
 
-#: ``{allowed, limit, remaining, reset_after_us, retry_after_us, now_us}``: read by
-#: ``_rates.Decision.from_reply``.
+#: ``{allowed, limit, remaining, reset_after_us, retry_after_us, now_us, granted}``: read
+#: by ``_rates.Decision.from_reply``. ARGV[2] is a ``Mode``.
 FIXED_WINDOW = _load("fixed_window")
 SLIDING_WINDOW = _load("sliding_window")
 TOKEN_BUCKET = _load("token_bucket")
+
+
+class Mode(IntEnum):
+    """ARGV[2] of the limiter scripts; ``PARTIAL`` is added to one of the other three."""
+
+    PEEK = 0  # write nothing
+    HIT = 1  # count when admitted
+    HIT_COUNT_DENIED = 2  # count a denied hit too
+    PARTIAL = 4  # admit as much of the cost as every rate allows
+
+
+#: ``{microseconds until the block in place ends, now_us}``
+LIMITER_BLOCK = _load("limiter_block")
+#: ``{the most hits (tokens) given back under any one rate, now_us}``
+FIXED_WINDOW_REFUND = _load("fixed_window_refund")
+SLIDING_WINDOW_REFUND = _load("sliding_window_refund")
+TOKEN_BUCKET_REFUND = _load("token_bucket_refund")
 #: the number of keys that existed
 DELETE = _load("delete")
 
@@ -129,7 +153,8 @@ class Claim(IntEnum):
 
 IDEM_RENEW = _load("idem_renew")  # 1 renewed, 0 not held by this owner
 IDEM_COMPLETE = _load("idem_complete")  # 1 stored, 0 not held by this owner
-IDEM_RELEASE = _load("idem_release")  # 1 released, 0 not held by this owner
+#: 1 released, 0 not held by this owner (also what a repeat after a lost reply answers)
+IDEM_RELEASE = _load("idem_release", repeatable=True)
 IDEM_STATE = _load("idem_state")  # {IdemState, pttl_ms, lease_left_us, result}; reads only
 
 
@@ -144,7 +169,8 @@ class IdemState(IntEnum):
 
 #: ``{1, fence}`` held, ``{0, wait_ms}`` held by another (also ``semaphore_acquire``)
 LOCK_ACQUIRE = _load("lock_acquire")
-LOCK_RELEASE = _load("lock_release")
+#: Releases are repeatable: a repeat answers ``RELEASED_BEFORE`` (the tombstone).
+LOCK_RELEASE = _load("lock_release", repeatable=True)
 
 
 class Released(IntEnum):
@@ -159,7 +185,7 @@ class Released(IntEnum):
 LOCK_EXTEND = _load("lock_extend")  # 1 extended, 0 not held by the token
 LOCK_LOCKED = _load("lock_locked")  # 1 held, 0 free
 SEMAPHORE_ACQUIRE = _load("semaphore_acquire", after="semaphore_common")
-SEMAPHORE_RELEASE = _load("semaphore_release", after="semaphore_common")
+SEMAPHORE_RELEASE = _load("semaphore_release", after="semaphore_common", repeatable=True)
 SEMAPHORE_EXTEND = _load("semaphore_extend", after="semaphore_common")
 SEMAPHORE_HOLDERS = _load("semaphore_holders")  # the number of live holders
 

@@ -22,6 +22,7 @@ FLOORS: list[tuple[str, set[str]]] = [
             "__main__",
             "asgi",
             "fastapi",
+            "testing",
             "_cli",
             "_cli_bench",
             "_cli_demo",
@@ -49,6 +50,7 @@ FLOORS: list[tuple[str, set[str]]] = [
         "primitives",
         {
             "_ratelimit",
+            "_waiting",
             "_lock",
             "_lease",
             "_idempotency",

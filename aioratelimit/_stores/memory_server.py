@@ -14,5 +14,6 @@ from .keyspace import Keyspace
 
 def server_check(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
     # The clock, as TIME answers; no INFO (a script on fakeredis cannot run it either);
-    # and every key is reachable, declared or not, as on a standalone Redis.
-    return [now // 1_000_000, now % 1_000_000, b"", b"", 1]
+    # and no key but those given: a twin reaches only its KEYS, so the embedded store
+    # answers as a server that refuses undeclared keys does (the oracle's fake is one).
+    return [now // 1_000_000, now % 1_000_000, b"", b"", 0]
