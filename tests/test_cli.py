@@ -653,3 +653,26 @@ def test_a_malformed_redis_url_is_named_as_such() -> None:
     """A bad ``REDIS_URL`` is reported as that, not as ``--url``: one line, status 2."""
     line = one_error_line(cli("doctor", url_env="redis://127.0.0.1:notaport/0"))
     assert line.startswith("aioratelimit: error: invalid REDIS_URL 'redis://127.0.0.1:notaport/0'")
+
+
+def test_inspect_limit_shows_a_block(redis_url: str, key: str) -> None:
+    """A key under ``block()``: the "blocked until" line (the instant and the time left),
+    no counts (a peek answers the block), and the next hit denied; reset lifts it."""
+
+    async def block(backend: arl.Backend) -> None:
+        limiter = arl.FixedWindow("10/minute", backend=backend)
+        await limiter.hit(key)
+        await limiter.block(key, 120)
+
+    on(redis_url, block)
+    proc = cli("inspect", "limit", key, "--fixed", "10/minute", "--url", redis_url)
+    assert proc.returncode == 0, proc.stderr
+    found = re.search(r"blocked until: \S+Z \(for (\d+\.\d+) s more", proc.stdout)
+    assert found is not None, proc.stdout
+    assert 0 < float(found[1]) <= 120
+    assert re.search(r"^\s+FixedWindow 10/minute\s+-\s+0\s+-$", proc.stdout, re.MULTILINE)
+    assert "next hit: denied, retry after" in proc.stdout
+    cli("reset", "limit", key, "--fixed", "10/minute", "--url", redis_url)
+    after = cli("inspect", "limit", key, "--fixed", "10/minute", "--url", redis_url)
+    assert "blocked until" not in after.stdout
+    assert limit_rows(after.stdout)["FixedWindow 10/minute"] == (0, 10, "-")
