@@ -25,6 +25,7 @@ from aioratelimit._cli import main, table
 from aioratelimit._cli_doctor import Report, _server_version
 from aioratelimit._cli_state import reset_lock
 from aioratelimit._idempotency import Claimed, IdempotencyStore
+from aioratelimit._scripts import MIN_REDIS_VERSION
 
 #: The installed console script (``[project.scripts]``), beside this interpreter.
 SCRIPT = str(Path(sys.executable).with_name("aioratelimit"))
@@ -504,7 +505,8 @@ def test_doctor_reports_a_ready_deployment(request: pytest.FixtureRequest, deplo
     assert {s for s, _ in topics} == {"ok"}, proc.stdout
     assert "(from REDIS_URL)" in proc.stdout
     assert DOCTOR_MODE[deployment] in proc.stdout
-    assert re.search(r"Redis 7\.\d+\.\d+ \(the scripts need 7\.0 or newer\)", proc.stdout)
+    need = re.escape(".".join(map(str, MIN_REDIS_VERSION)))
+    assert re.search(rf"Redis \d+\.\d+\.\d+ \(the scripts need {need} or newer\)", proc.stdout)
 
 
 def test_doctor_on_memory_is_ready() -> None:
@@ -539,11 +541,14 @@ def test_doctor_says_a_cluster_node_needs_a_cluster_url(cluster_url: str) -> Non
 def test_doctor_fails_a_server_older_than_the_minimum(capsys: pytest.CaptureFixture[str]) -> None:
     """The version line compares with the one constant ``MIN_REDIS_VERSION``."""
     report = Report()
-    asyncio.run(_server_version(report, "6.0.16"))
-    asyncio.run(_server_version(report, "7.2.4"))
+    need = ".".join(map(str, MIN_REDIS_VERSION))
+    older = "6.0.16"  # older than every minimum this library had (7.0, then 6.2)
+    asyncio.run(_server_version(report, older))
+    asyncio.run(_server_version(report, f"{need}.0"))
+    asyncio.run(_server_version(report, "8.0.1"))
     out = capsys.readouterr().out
     assert report.failed == 1
-    assert "Redis 6.0.16 is too old: the scripts need 7.0 or newer" in out
+    assert f"Redis {older} is too old: the scripts need {need} or newer" in out
 
 
 # -- bench -----------------------------------------------------------------------------------
