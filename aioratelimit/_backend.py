@@ -122,7 +122,7 @@ class Backend:
         timeout = check_seconds(timeout, "timeout")
         connect_timeout = check_seconds(connect_timeout, "connect_timeout")
         if url.startswith("memory://"):
-            return memory_backend(prefix=prefix, timeout=timeout)
+            return memory_backend(prefix=prefix, timeout=timeout, on_call=on_call)
         build: Callable[..., Store]
         if url.startswith("redis+cluster://"):
             from ._stores.cluster import cluster_store as build
@@ -232,13 +232,15 @@ def memory_backend(
     prefix: str = "arl",
     clock: Callable[[], int] | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    on_call: OnCall | None = None,
 ) -> Backend:
     """A backend on a new, empty in-process store (``memory://``): the one place that builds
     one. ``clock`` (microseconds since the epoch, as Redis ``TIME`` answers) replaces the
-    wall clock: ``aioratelimit.testing.ManualClock`` moves only when a test says so."""
-    from ._stores.memory import MemoryStore
+    wall clock: ``aioratelimit.testing.ManualClock`` moves only when a test says so;
+    ``on_call`` is reported every script call, as ``from_url``'s."""
+    from ._stores.memory import MemoryStore, ObservedMemoryStore
 
-    store = MemoryStore() if clock is None else MemoryStore(clock)
+    store = MemoryStore(clock) if on_call is None else ObservedMemoryStore(on_call, clock)
     return Backend._of(store, prefix=prefix, url="memory://", timeout=timeout)
 
 

@@ -28,14 +28,15 @@ Reply = Any
 
 @dataclass(frozen=True, slots=True)
 class ScriptCall:
-    """One script call as a Redis store made it (one EVALSHA; after NOSCRIPT the EVAL
-    that follows is part of the same call), handed to the backend's ``on_call`` hook once
-    it is over (see ``Backend.from_url``). It names the script, never its keys or
-    arguments: they carry the user's keys, tokens and lock names."""
+    """One script call as a store made it (one EVALSHA; after NOSCRIPT the EVAL that
+    follows is part of the same call; on memory:// the script's twin), handed to the
+    backend's ``on_call`` hook once it is over (see ``Backend.from_url``). It names the
+    script, never its keys or arguments: they carry the user's keys, tokens and lock names."""
 
     #: the script's name (the file in ``lua/``), e.g. ``"fixed_window"``
     script: str
-    #: the server that answered (or failed to): ``host:port`` or a unix socket's path
+    #: the server that answered (or failed to): ``host:port``, a unix socket's path, or
+    #: ``"memory"`` (memory://)
     server: str
     #: when the call started, nanoseconds since the epoch (``time.time_ns()``)
     start_ns: int

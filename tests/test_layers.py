@@ -23,6 +23,7 @@ FLOORS: list[tuple[str, set[str]]] = [
             "asgi",
             "fastapi",
             "testing",
+            "otel",
             "_cli",
             "_cli_bench",
             "_cli_demo",
@@ -63,7 +64,10 @@ FLOORS: list[tuple[str, set[str]]] = [
     ("backend", {"_backend"}),
     ("stores", set()),  # every module of _stores/
     ("wake-ups", {"_notify"}),
-    ("leaves", {"_scripts", "_keys", "_rates", "_args", "_urls", "_aio", "_errors"}),
+    (
+        "leaves",
+        {"_observe", "_scripts", "_keys", "_rates", "_args", "_urls", "_aio", "_errors"},
+    ),
 ]
 
 

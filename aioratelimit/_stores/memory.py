@@ -22,6 +22,7 @@ from types import ModuleType
 from .._notify import Notifier
 from .._scripts import SCRIPTS, Arg, Reply, Script
 from . import memory_idempotency, memory_locks, memory_penalties, memory_ratelimit, memory_server
+from .base import OnCall, observed
 from .keyspace import Keyspace
 
 Twin = Callable[[Keyspace, Sequence[str], Sequence[Arg], int], Reply]
@@ -99,3 +100,22 @@ class MemoryStore:
         await self.notifier.aclose()
         with self._lock:
             self.keyspace.clear()
+
+
+class ObservedMemoryStore(MemoryStore):
+    """A memory store that reports every call to an ``on_call`` hook once it is over, as
+    the Redis stores do (``from_url("memory://", on_call=...)``; the server is ``"memory"``).
+    A subclass, so a store without a hook pays nothing for it."""
+
+    __slots__ = ("_on_call",)
+
+    def __init__(self, on_call: OnCall, clock: Callable[[], int] | None = None) -> None:
+        super().__init__(clock)
+        self._on_call = on_call
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+        return await observed(self._on_call, script, super().run(script, keys, args), _memory)
+
+
+def _memory() -> str:
+    return "memory"
