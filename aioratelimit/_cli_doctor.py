@@ -71,6 +71,7 @@ def main(args: argparse.Namespace) -> int:
     backend = open_backend(
         args.url,
         args.prefix,
+        args.url_source,
         timeout=args.timeout,
         connect_timeout=args.timeout,
         on_call=seen,

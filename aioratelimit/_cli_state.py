@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 from collections.abc import Callable
 
 from . import _admin
@@ -65,28 +66,38 @@ def _used(d: Decision) -> int:
 
 
 async def status_lines(limiter: Limiter, key: str) -> list[tuple[str, str]]:
-    """The lines under a limiter's table, (label, value). This is the one place a new
-    state of a key adds its line: the ``penalties`` branch's ``block()`` adds
-    ``("blocked until", <instant>)`` here."""
+    """The lines under a limiter's table, (label, value): the one place a state of a key
+    adds its line (``block()``'s "blocked until" is one)."""
+    lines = []
+    left, now_us = await _admin.blocked_for(limiter, key)
+    if left > 0:
+        ends = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now_us / 1e6 + left))
+        lines.append(("blocked until", f"{ends} (for {seconds(left)} more; reset lifts it)"))
     d = await limiter.peek(key)
     verdict = "allowed" if d.allowed else f"denied, retry after {seconds(d.retry_after)}"
-    return [("next hit", verdict)]
+    lines.append(("next hit", verdict))
+    return lines
 
 
 async def inspect_limit(args: argparse.Namespace, backend: Backend) -> int:
     key = args.key
     built = limiters(args, backend)
+    # The key's state under all its rates together (what hit() would answer).
+    every = _together(args, backend, type(built[0][1]))
+    status = await status_lines(every, key)
+    blocked = status[0][0] == "blocked until"
     rows = []
     for label, limiter in built:
+        if blocked:  # a peek answers the block, not the counts: nothing is admitted
+            rows.append([label, "-", "0", "-"])
+            continue
         d = await limiter.peek(key)
         used = _used(d)
         reset = seconds(d.reset_after) if used else "-"
         rows.append([label, str(used), str(d.limit - used), reset])
-    # The key's verdict under all its rates together (what hit() would answer).
-    every = _together(args, backend, type(built[0][1]))
     out(f"key {key!r} on {where(backend)}")
     out(table(["limiter", "used", "remaining", "reset after"], rows))
-    for label, value in await status_lines(every, key):
+    for label, value in status:
         out(f"  {label}: {value}")
     return 0
 

@@ -383,19 +383,22 @@ def limiter_calls(script: str, limiters: Callable[[str], list[Limiter]]) -> st.S
     """Hits and peeks on the application's limiters (every mode), resets (DEL of one's
     keys), blocks and refunds, and resets and bare invalidations through
     ``rate_invalidate`` (told on its channel)."""
-    hits, resets, blocks, refunds, invalidations = [], [], [], [], []
+    hits, resets, blocks, refunds, blocked, invalidations = [], [], [], [], [], []
     for user in USERS:
         for keys, args, refund_args in limiters(user):
             hits += [Call(script, keys, a) for a in args]
             resets.append(Call("delete", keys, ()))
             blocks += [Call("limiter_block", keys[-1:], (d,)) for d in DURATIONS_US[:5]]
+            blocked.append(Call("limiter_blocked", keys[-1:], ()))
             refunds += [Call(f"{script}_refund", keys[:-1], a) for a in refund_args]
             channel = _keys.rate_channel(keys[0].partition("{")[0], user)
             invalidations += [
                 Call("rate_invalidate", keys, (reset, channel, p))
                 for reset, p in product((0, 1), PUBLISH)
             ]
-    return weighted((hits, 8), (resets, 1), (blocks, 1), (refunds, 3), (invalidations, 2))
+    return weighted(
+        (hits, 8), (resets, 1), (blocks, 1), (refunds, 3), (blocked, 1), (invalidations, 2)
+    )
 
 
 def lock_calls() -> st.SearchStrategy[Call]:
@@ -564,6 +567,8 @@ class Oracle(RuleBasedStateMachine):
             first = min(len(reply) // 2, 2)
         elif name == "server_check":  # {time_s, time_us, version, mode, undeclared}
             first = reply[4]
+        elif name == "limiter_blocked":  # {µs the block still runs, now_us}
+            first = int(reply[0] > 0)
         else:
             first = reply[0] if isinstance(reply, list) else reply
         self.seen[name, int(first)] += 1
@@ -631,6 +636,9 @@ class FixedWindows(Oracle):
         "fixed_window": {0, 1},
         "delete": {0, 1},
         "limiter_block": set(),  # (it answers microseconds: no codes)
+        # (1, a block running, is rarely read while a short block runs: pinned by
+        # test_limiter_blocked_answers_like_its_twin_through_a_block)
+        "limiter_blocked": {0},
         "fixed_window_refund": {0, 1},
         "rate_invalidate": {0},  # (its removals count keys, as delete's: any number)
     }
@@ -649,6 +657,7 @@ class SlidingWindows(Oracle):
         "sliding_window": {0, 1},
         "delete": {0, 1},
         "limiter_block": set(),
+        "limiter_blocked": set(),
         "sliding_window_refund": {0, 1},
         "rate_invalidate": {0},  # (its removals count keys, as delete's: any number)
     }
@@ -667,6 +676,7 @@ class TokenBuckets(Oracle):
         "token_bucket": {0, 1},
         "delete": {0, 1},
         "limiter_block": set(),
+        "limiter_blocked": set(),
         "token_bucket_refund": {0, 1},
         "rate_invalidate": {0},  # (its removals count keys, as delete's: any number)
     }
@@ -823,6 +833,37 @@ def test_scripts_and_twins_agree(machine: type[Oracle], version: tuple[int, int]
         assert want <= reached, f"{name}: branches {want - reached} never reached ({seen})"
 
 
+def test_limiter_blocked_answers_like_its_twin_through_a_block() -> None:
+    """``limiter_blocked`` inside a 30 s block, at its last µs and after it, on both sides
+    (the random histories' blocks are too short to be read while they run)."""
+    clock = Clock()
+    client = fake_redis()
+    store = MemoryStore(clock)
+    loop = asyncio.new_event_loop()
+    keys = [block_key("fw", "u")]
+    answers = []
+    try:
+        with frozen(clock):
+            for offset, name, args in [
+                (0, "limiter_block", (30_000_000,)),
+                (1, "limiter_blocked", ()),
+                (29_999_999, "limiter_blocked", ()),
+                (30_000_000, "limiter_blocked", ()),
+                (30_000_001, "limiter_blocked", ()),
+            ]:
+                clock.now_us = T0 + offset
+                script = SCRIPTS[name]
+                lua = client.evalsha(script.sha, len(keys), *keys, *args)
+                twin = loop.run_until_complete(store.run(script, keys, args))
+                assert normal(twin) == normal(lua), (offset, twin, lua)
+                answers.append(int(lua[0]))
+    finally:
+        client.close()
+        loop.run_until_complete(store.aclose())
+        loop.close()
+    assert answers == [30_000_000, 29_999_999, 1, 0, 0]
+
+
 # -- the registry and the expiry rule ------------------------------------------------------
 
 
@@ -905,6 +946,8 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     expect("fixed_window_refund", fixed_keys("u", rates)[:-1], (2,))
     expect("rate_invalidate", fixed_keys("u", rates), (0, channel, "PUBLISH"))
     expect("limiter_block", [block_key("fw", "u")], (2_500,))
+    await _admin.blocked_for(fixed, "u")
+    expect("limiter_blocked", [block_key("fw", "u")], ())
     sliding = arl.SlidingWindow(*limits, buckets=7, backend=backend, count_denied=True)
     await sliding.hit("v{w}", 3)
     await sliding.refund("v{w}", 1)
