@@ -8,11 +8,11 @@ real server (issue 15, items 1-4):
    (the wake-up subscriber's connect and SUBSCRIBE are bounded);
 3. an acquire with ``timeout=t`` returns or raises within ``t`` + the backend's timeout
    (+ a margin for a loaded machine), whatever the network does;
-4. a half-open subscriber (no error, no message) is noticed by its PINGs and subscribed
+4. a half-open subscriber (no error, no message) is noticed by its probes and subscribed
    again, and waiters get their wake-ups again.
 
 The cluster's and Sentinel's nodes advertise their own addresses, so the proxy stands in
-front of a standalone server only; what differs there (the cluster's subscriber pings one
+front of a standalone server only; what differs there (the cluster's subscriber probes one
 connection per master) is checked on every backend by the healthy-subscriber test.
 """
 
@@ -276,12 +276,12 @@ async def test_a_half_open_subscriber_is_noticed_and_subscribed_again(
     proxy: FaultProxy, own_redis: Server, key: str
 ) -> None:
     """The subscriber's connection goes half-open (nothing passes either way, no error):
-    its unanswered PING is noticed, every channel is subscribed again on a new connection,
+    its unanswered probe is noticed, every channel is subscribed again on a new connection,
     and a message published after that wakes the waiter (not its fallback timer)."""
     channel = f"{key}-channel"
     async with _backend(proxy.url) as backend:
         notifier = backend.notifier
-        notifier.ping_every = 0.2
+        notifier.check_every = 0.2
         with _admin(own_redis) as admin:
             async with notifier.subscribe(channel) as sub:
                 admin.publish(channel, b"one")
@@ -302,22 +302,23 @@ async def test_a_half_open_subscriber_is_noticed_and_subscribed_again(
                 assert sub.message == b"two"
 
 
-async def test_pings_keep_a_healthy_subscriber(
+async def test_probes_keep_a_healthy_subscriber(
     backend: arl.Backend, key: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """On every backend, pinging the subscriber often (every 0.1 s) while a waiter waits
-    never takes a healthy subscriber for a broken one (each PONG is counted: on a cluster,
-    one per master connection), and the release still wakes the waiter."""
+    """On every backend, probing the subscriber often (every 0.1 s) while a waiter waits
+    never takes a healthy subscriber for a broken one (each connection's answer is
+    counted: on a cluster, one per master), and the release still wakes the waiter."""
     caplog.set_level(logging.DEBUG, logger="aioratelimit")
-    backend.notifier.ping_every = 0.1
+    backend.notifier.check_every = 0.1
     lock = arl.Lock(key, ttl=30, backend=backend)
     holder = await lock.acquire(timeout=0)
     waiter = asyncio.ensure_future(lock.acquire(timeout=HANG))
-    await asyncio.sleep(0.8)  # several PINGs answered
+    await asyncio.sleep(0.8)  # several probes answered
     await holder.release()
     lease = await waiter
     await lease.release()
-    broken = [r.getMessage() for r in caplog.records if "PING" in r.getMessage()]
+    broken = [r.getMessage() for r in caplog.records if "stopped answering" in r.getMessage()]
+    broken += [r.getMessage() for r in caplog.records if "no answer from" in r.getMessage()]
     assert not broken, broken
 
 
