@@ -31,7 +31,7 @@ from faultproxy import FaultProxy, Server
 
 import aioratelimit as arl
 from aioratelimit import _scripts
-from aioratelimit._idempotency import Claimed, IdempotencyStore
+from aioratelimit._idempotency import Claimed, IdempotencyStore, InProgress
 
 #: The backend's reply timeout and connect timeout in these tests (seconds).
 TIMEOUT = 1.0
@@ -266,6 +266,25 @@ async def test_a_waiter_caught_by_a_blackhole_ends_within_its_bound(
         outcome, took = await _timed(holder.release())
         assert isinstance(outcome, arl.BackendUnavailable), repr(outcome)
         assert took < 2 * TIMEOUT + MARGIN, took
+        proxy.passthrough()
+
+
+async def test_an_idempotency_waiter_caught_by_a_blackhole_ends_within_its_bound(
+    proxy: FaultProxy, key: str
+) -> None:
+    """A ``wait(timeout=1.5)`` for a key another owner holds, when the blackhole starts,
+    ends within 1.5 + the backend's timeout (+ MARGIN): its claim gets no answer, and the
+    cleanup release after it is waited for only within that bound."""
+    async with _backend(proxy.url) as backend:
+        store = IdempotencyStore(backend, lease=30)
+        holder = await store.claim(key)
+        assert isinstance(holder, Claimed)
+        waiter = asyncio.ensure_future(_timed(store.wait(key, timeout=1.5)))
+        await asyncio.sleep(0.3)  # it waits, subscribed
+        proxy.stall()
+        outcome, took = await waiter
+        assert isinstance(outcome, (arl.BackendUnavailable, InProgress)), repr(outcome)
+        assert took < 1.5 + TIMEOUT + MARGIN, took
         proxy.passthrough()
 
 
