@@ -17,6 +17,7 @@ import collections
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from . import _observe
 from ._errors import BackendUnavailable
 
 T = TypeVar("T")
@@ -132,9 +133,9 @@ class Gate:
             else:
                 slot.cancel()  # skipped by leave()
             if isinstance(exc, TimeoutError):
-                raise BackendUnavailable(
-                    f"no pooled connection came free within {timeout} s"
-                ) from exc
+                error = BackendUnavailable(f"no pooled connection came free within {timeout} s")
+                _observe.backend_error(error, "timeout", None)  # not through translate
+                raise error from exc
             raise
 
     def leave(self) -> None:

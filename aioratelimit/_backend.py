@@ -122,9 +122,7 @@ class Backend:
         timeout = check_seconds(timeout, "timeout")
         connect_timeout = check_seconds(connect_timeout, "connect_timeout")
         if url.startswith("memory://"):
-            from ._stores.memory import MemoryStore
-
-            return cls._of(MemoryStore(), prefix=prefix, url=url, timeout=timeout)
+            return memory_backend(prefix=prefix, timeout=timeout, on_call=on_call)
         build: Callable[..., Store]
         if url.startswith("redis+cluster://"):
             from ._stores.cluster import cluster_store as build
@@ -229,6 +227,23 @@ class Backend:
         return f"<Backend {redact(self.url)} prefix={self.prefix!r}>"
 
 
+def memory_backend(
+    *,
+    prefix: str = "arl",
+    clock: Callable[[], int] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    on_call: OnCall | None = None,
+) -> Backend:
+    """A backend on a new, empty in-process store (``memory://``): the one place that builds
+    one. ``clock`` (microseconds since the epoch, as Redis ``TIME`` answers) replaces the
+    wall clock: ``aioratelimit.testing.ManualClock`` moves only when a test says so;
+    ``on_call`` is reported every script call, as ``from_url``'s."""
+    from ._stores.memory import MemoryStore, ObservedMemoryStore
+
+    store = MemoryStore(clock) if on_call is None else ObservedMemoryStore(on_call, clock)
+    return Backend._of(store, prefix=prefix, url="memory://", timeout=timeout)
+
+
 def _wrap(client: Any) -> Store:
     """The store for a client the application passes in (never closed by the backend)."""
     from redis.asyncio.cluster import RedisCluster
@@ -283,6 +298,16 @@ def get_backend() -> Backend:
     if _default is None:
         _default = Backend.from_url(_env_url())
     return _default
+
+
+def swap_default(backend: Backend | None) -> Backend | None:
+    """Install ``backend`` as the default and return the one it replaces; ``None`` leaves
+    none, so the next use builds it again from ``REDIS_URL`` (else memory://). For
+    ``aioratelimit.testing``, which puts the previous default back after a test; an
+    application calls ``configure``."""
+    global _default
+    previous, _default = _default, backend
+    return previous
 
 
 def _env_url() -> str:

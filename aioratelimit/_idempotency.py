@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import ParamSpec, TypeVar
 
-from . import _keys, _scripts
+from . import _keys, _observe, _scripts
 from ._aio import finish, finish_within
 from ._args import check_int, check_key, check_seconds, check_timeout, from_us, to_us
 from ._backend import Backend, get_backend
@@ -200,6 +200,8 @@ class IdempotencyStore:
             await finish_within(cleanup, left)
             raise
         code = reply[0]
+        if _observe.recorder is not None:
+            _observe.claimed(self.name, code)
         if code == Claim.COMPLETED:  # first: the hot path
             payload = reply[1]
             if type(payload) is not bytes:

@@ -51,6 +51,11 @@ def rate_suffix(limit: int, window_us: int, extra: str = "") -> str:
     return f":{limit}/{window_us // 1000 if window_us % 1000 == 0 else f'{window_us}us'}{extra}"
 
 
+def block(limiter_head: str, key: str) -> str:
+    """A limiter's block of one user key (``Limiter.block``), under that key's tag."""
+    return tagged(limiter_head, key, ":block")
+
+
 #: The kinds of records, the second part of their keys (``head(prefix, kind, name)``).
 TOKEN_KIND = "tok"
 IDEMPOTENCY_KIND = "idem"

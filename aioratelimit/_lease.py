@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
+from . import _observe
 from ._aio import cancel_requested, cancels, finish
 from ._args import check_seconds, check_timeout, to_ms
 from ._backend import Backend
@@ -214,19 +215,25 @@ class Renewal:
             if now < due:
                 await asyncio.sleep(min(due, deadline) - now)
                 continue
+            kind = lease._names.kind
             try:
                 async with asyncio.timeout(deadline - now):
                     await lease.extend()
                 retry_at = None
             except LockNotOwned:
+                _observe.renewal(kind, _observe.REFUSED)
                 break
             except Exception as exc:  # BackendUnavailable, our timeout: retry until the deadline
                 log.debug("aioratelimit: renewal of %r failed: %r", lease.name, exc)
+                _observe.renewal(kind, _observe.FAILED)
                 retry_at = loop.time() + min(ttl / 10, RENEW_RETRY)
+            else:
+                _observe.renewal(kind, _observe.RENEWED)  # outside the try: never a failure
         if lease._state == _RELEASED:
             return  # released by hand inside the block: nothing is lost
         lease._state = _LOST
         self.lost = True
+        _observe.lost(lease._names.kind)
         self._owner.cancel()
 
     def stop(self) -> bool:
@@ -316,6 +323,7 @@ class Hold:
         if failure is not None and exc_type is None:
             if isinstance(failure, LockNotOwned):
                 # Without renewal (or before it noticed) the lease ran out under the block.
+                _observe.lost(lease._names.kind)
                 raise LockLost(name=lease.name) from failure
             raise failure
 

@@ -32,7 +32,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from . import _keys, _scripts
+from . import _keys, _observe, _scripts
 from ._aio import cancel_requested, cancels, finish_within
 from ._args import check_int, check_key, check_seconds, check_timeout, to_ms
 from ._backend import Backend, get_backend
@@ -110,6 +110,11 @@ class _Resource:
         ``LockTimeout``. The lease does not renew itself: ``extend`` it, or use
         ``async with arl.lock(...)`` / ``arl.semaphore(...)`` for automatic renewal.
         """
+        if _observe.recorder is not None:
+            return await _observe.acquire(self._kind, self._acquire(timeout))
+        return await self._acquire(timeout)
+
+    async def _acquire(self, timeout: float | None) -> Lease:
         if timeout is not None:
             timeout = check_timeout(timeout)
         backend = self._backend or get_backend()

@@ -1,31 +1,31 @@
 """Rate limiters: ``FixedWindow``, ``SlidingWindow`` and ``TokenBucket`` (GCRA).
 
 Each decision is one script run (``lua/fixed_window.lua``, ``lua/sliding_window.lua``,
-``lua/token_bucket.lua``) over one key per (user key, rate), all under the user key's hash
-tag. The three classes share everything but the script and its arguments: validation, key
-building, the reply-to-``Decision`` decoding, waiting, the context manager and the decorator.
+``lua/token_bucket.lua``) over one key per (user key, rate) and the key's block, all under
+the user key's hash tag. The three classes share everything but the scripts and their
+arguments: validation, key building, the reply-to-``Decision`` decoding, blocks and refunds
+(one script each), the context manager and the decorator; waiting is ``_waiting``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from . import _keys, _scripts
-from ._args import check_int, check_key, check_timeout
+from . import _keys, _observe, _scripts, _waiting
+from ._args import check_int, check_key, check_seconds, check_timeout, from_us, to_us
 from ._backend import Backend, get_backend
 from ._errors import RateLimited
 from ._rates import Decision, Rate, RateLike, as_rate
-from ._scripts import Script
+from ._scripts import Mode, Script
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: Added to every wait for ``retry_after`` (seconds): see ``acquire``.
-TIMER_SLACK = 0.001
+#: Script modes as plain ints (what the wire packs fastest).
+_PEEK, _PARTIAL = int(Mode.PEEK), int(Mode.PARTIAL)
 
 #: Most sub-window buckets a SlidingWindow may use (the script reads them all per hit).
 MAX_BUCKETS = 1000
@@ -39,25 +39,46 @@ class Limiter:
     Not instantiated itself; a subclass names its script, kind and arguments.
     """
 
-    __slots__ = ("_args", "_backend", "_head_id", "_max_cost", "_suffixes", "name")
+    __slots__ = (
+        "_args",
+        "_backend",
+        "_head_id",
+        "_hit_mode",
+        "_max_cost",
+        "_refund_args",
+        "_suffixes",
+        "count_denied",
+        "name",
+    )
 
     _script: Script
+    _refund_script: Script
     _kind: str
+    #: its script books a later slot for a waiter (``_waiting``): TokenBucket
+    _reserves = False
 
-    def __init__(self, backend: Backend | None, name: str | None) -> None:
+    def __init__(
+        self, backend: Backend | None, name: str | None, count_denied: bool = False
+    ) -> None:
         if type(self) is Limiter:
             raise TypeError("Limiter is a base: use FixedWindow, SlidingWindow or TokenBucket")
         if backend is not None and not isinstance(backend, Backend):
             raise TypeError(f"backend must be a Backend, not {type(backend).__name__}")
         if name is not None:
             check_key(name, "name")
+        if not isinstance(count_denied, bool):
+            raise TypeError(f"count_denied must be a bool, not {type(count_denied).__name__}")
         self._backend = backend
         self.name = name
+        #: a denied hit counts too (brute-force protection: hammering keeps the key denied)
+        self.count_denied = count_denied
+        self._hit_mode = int(Mode.HIT_COUNT_DENIED if count_denied else Mode.HIT)
         self._head_id = (self._kind, name)  # its key in Backend.heads
         # Set by subclasses: per-key suffixes, the script's constant arguments, and the
         # largest cost that could ever be admitted.
         self._suffixes: tuple[str, ...] = ()
         self._args: tuple[int, ...] = ()
+        self._refund_args: tuple[int, ...] = ()  # the refund script's, after the cost
         self._max_cost = 0
 
     @property
@@ -65,11 +86,12 @@ class Limiter:
         return self._backend or get_backend()
 
     def _keys(self, backend: Backend, key: str) -> list[str]:
+        """The key's counter per rate, then its block."""
         head = backend.heads.get(self._head_id) or backend.head(self._kind, self.name)
         suffixes = self._suffixes
         if len(suffixes) == 1:  # one rate, the common case: no comprehension frame
-            return [_keys.tagged(head, key, suffixes[0])]
-        return [_keys.tagged(head, key, suffix) for suffix in suffixes]
+            return [_keys.tagged(head, key, suffixes[0]), _keys.block(head, key)]
+        return [*(_keys.tagged(head, key, suffix) for suffix in suffixes), _keys.block(head, key)]
 
     def _check_cost(self, cost: object) -> int:
         check_int(cost, "cost")
@@ -80,7 +102,7 @@ class Limiter:
             )
         return cost
 
-    def _send(self, key: str, cost: int, commit: int) -> Awaitable[Any]:
+    def _send(self, key: str, cost: int, mode: int, *extra: int) -> Awaitable[Any]:
         """Check the arguments and start the script; the caller awaits and decodes the reply.
 
         A plain function, not a coroutine: a decision pays for one coroutine frame fewer.
@@ -90,50 +112,97 @@ class Limiter:
         if type(key) is not str or not key:
             check_key(key)
         if type(cost) is not int or not 0 < cost <= self._max_cost:
-            cost = self._check_cost(cost)
+            # A partial hit may ask for more than a limit: it gets what is left.
+            cost = self._check_cost(cost) if mode < _PARTIAL else check_int(cost, "cost")
         backend = self._backend or get_backend()
-        return backend.run(self._script, self._keys(backend, key), (cost, commit, *self._args))
+        args = (cost, mode, *self._args, *extra)
+        return backend.run(self._script, self._keys(backend, key), args)
 
-    async def _decide(self, key: str, cost: int, commit: int) -> Decision:
-        return Decision.from_reply(await self._send(key, cost, commit))
+    async def _decide(self, key: str, cost: int, mode: int, *extra: int) -> Decision:
+        if _observe.recorder is not None:
+            return await _observe.decide(
+                self.name, self._script.name, self._send, key, cost, mode, *extra
+            )
+        return Decision.from_reply(await self._send(key, cost, mode, *extra))
 
-    async def hit(self, key: str, cost: int = 1) -> Decision:
-        """Count ``cost`` hits for ``key`` if every rate admits them (a denied hit counts none)."""
-        return Decision.from_reply(await self._send(key, cost, 1))
+    async def hit(self, key: str, cost: int = 1, *, partial: bool = False) -> Decision:
+        """Count ``cost`` hits for ``key`` if every rate admits them (a denied hit counts
+        none, unless the limiter was made with ``count_denied=True``).
 
-    async def peek(self, key: str, cost: int = 1) -> Decision:
+        ``partial=True``: admit as much of ``cost`` as the tightest rate allows now (at
+        least 1, else denied), atomically; ``Decision.granted`` says how much. ``cost``
+        may then be above the limit.
+        """
+        if partial is False:
+            mode = self._hit_mode
+        elif partial is True:
+            mode = self._hit_mode + _PARTIAL
+        else:
+            raise TypeError(f"partial must be a bool, not {type(partial).__name__}")
+        # Instrumentation off costs this one test (benchmarks/bench_observability.py).
+        if _observe.recorder is not None:
+            return await _observe.decide(self.name, self._script.name, self._send, key, cost, mode)
+        return Decision.from_reply(await self._send(key, cost, mode))
+
+    async def peek(self, key: str, cost: int = 1, *, partial: bool = False) -> Decision:
         """What ``hit`` would answer now; changes nothing."""
-        return Decision.from_reply(await self._send(key, cost, 0))
+        if partial is not True and partial is not False:
+            raise TypeError(f"partial must be a bool, not {type(partial).__name__}")
+        mode = _PEEK + _PARTIAL if partial else _PEEK
+        return Decision.from_reply(await self._send(key, cost, mode))
 
     async def reset(self, key: str) -> None:
-        """Forget every hit counted for ``key`` (under every rate of this limiter)."""
+        """Forget every hit counted for ``key`` (under every rate of this limiter), and lift
+        its block."""
         check_key(key)
         backend = self._backend or get_backend()
         await backend.run(_scripts.DELETE, self._keys(backend, key), ())
 
+    async def block(self, key: str, seconds: float) -> float:
+        """Deny every hit for ``key`` for ``seconds``, in every process (one script; the
+        block key expires when it ends). A longer block in place is kept. Hits denied by a
+        block are not counted; ``reset`` lifts it. Answers the seconds the block runs."""
+        check_key(key)
+        block_us = to_us(check_seconds(seconds, "seconds"))
+        backend = self._backend or get_backend()
+        head = backend.heads.get(self._head_id) or backend.head(self._kind, self.name)
+        reply = await backend.run(_scripts.LIMITER_BLOCK, [_keys.block(head, key)], (block_us,))
+        await self._invalidate(key)
+        return from_us(reply[0])
+
+    async def refund(self, key: str, cost: int = 1) -> int:
+        """Give back ``cost`` hits that an admitted hit counted for ``key``, under every rate
+        (one script): never below zero, and only to windows still open (a TokenBucket's
+        TAT moves back, never before the clock). Answers the most given back under any
+        one rate. A cost above what one hit could count raises ``ValueError``."""
+        check_key(key)
+        cost = self._check_cost(cost)
+        backend = self._backend or get_backend()
+        rate_keys = self._keys(backend, key)[:-1]
+        reply = await backend.run(self._refund_script, rate_keys, (cost, *self._refund_args))
+        await self._invalidate(key)
+        return int(reply[0])
+
+    async def _invalidate(self, key: str) -> None:
+        # Where the deny cache (branch ``deny``) forgets a key's local denial.
+        return None
+
     async def acquire(
         self, key: str, cost: int = 1, *, wait: bool = False, timeout: float | None = None
     ) -> Decision:
-        """``hit``, raising ``RateLimited`` when denied; with ``wait=True`` sleep for
-        ``retry_after`` and try again until admitted, or until ``timeout`` seconds would be
-        exceeded (then ``RateLimited`` at once: no sleep that cannot end in time)."""
+        """``hit``, raising ``RateLimited`` when denied; with ``wait=True`` wait until
+        admitted, or until ``timeout`` seconds would be exceeded (then ``RateLimited`` at
+        once: no sleep that cannot end in time). Waiting costs one or two script calls per
+        admitted request (``_waiting``): a TokenBucket books its slot, the windows queue
+        their waiters per key, first come first served, behind one that retries."""
         check_key(key)
         self._check_cost(cost)
         timeout = check_timeout(timeout)
-        decision = await self._decide(key, cost, 1)
-        if decision.allowed:
-            return decision
-        if not wait:
+        if wait:
+            return await _waiting.wait(self, key, cost, timeout)
+        decision = await self._decide(key, cost, self._hit_mode)
+        if not decision.allowed:
             raise RateLimited(f"rate limited: {key!r}", decision=decision)
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while not decision.allowed:
-            if deadline is not None and loop.time() + decision.retry_after > deadline:
-                raise RateLimited(f"rate limited: {key!r} (timeout {timeout} s)", decision=decision)
-            # A millisecond more: loops whose timers have millisecond resolution (uvloop)
-            # wake up to 1 ms early, which would cost a denied try and another sleep.
-            await asyncio.sleep(decision.retry_after + TIMER_SLACK)
-            decision = await self._decide(key, cost, 1)
         return decision
 
     def __call__(
@@ -222,10 +291,17 @@ class FixedWindow(Limiter):
 
     __slots__ = ("rates",)
     _script = _scripts.FIXED_WINDOW
+    _refund_script = _scripts.FIXED_WINDOW_REFUND
     _kind = "fw"
 
-    def __init__(self, *rates: RateLike, backend: Backend | None = None, name: str | None = None):
-        super().__init__(backend, name)
+    def __init__(
+        self,
+        *rates: RateLike,
+        backend: Backend | None = None,
+        name: str | None = None,
+        count_denied: bool = False,
+    ):
+        super().__init__(backend, name, count_denied)
         self.rates = _rates(rates)
         self._suffixes = tuple(_keys.rate_suffix(r.limit, r.window_us) for r in self.rates)
         self._args = tuple(v for r in self.rates for v in (r.limit, r.window_us))
@@ -245,6 +321,7 @@ class SlidingWindow(Limiter):
 
     __slots__ = ("buckets", "rates")
     _script = _scripts.SLIDING_WINDOW
+    _refund_script = _scripts.SLIDING_WINDOW_REFUND
     _kind = "sw"
 
     def __init__(
@@ -253,8 +330,9 @@ class SlidingWindow(Limiter):
         buckets: int = 10,
         backend: Backend | None = None,
         name: str | None = None,
+        count_denied: bool = False,
     ):
-        super().__init__(backend, name)
+        super().__init__(backend, name, count_denied)
         self.rates = _rates(rates)
         self.buckets = check_int(buckets, "buckets")
         if buckets > MAX_BUCKETS:
@@ -263,6 +341,7 @@ class SlidingWindow(Limiter):
             _keys.rate_suffix(r.limit, r.window_us, f"/{buckets}") for r in self.rates
         )
         self._args = (buckets, *(v for r in self.rates for v in (r.limit, r.window_us)))
+        self._refund_args = self._args
         self._max_cost = min(r.limit for r in self.rates)
 
     def __repr__(self) -> str:
@@ -279,6 +358,8 @@ class TokenBucket(Limiter):
 
     __slots__ = ("burst", "rate")
     _script = _scripts.TOKEN_BUCKET
+    _refund_script = _scripts.TOKEN_BUCKET_REFUND
+    _reserves = True
     _kind = "tb"
 
     def __init__(
@@ -288,14 +369,16 @@ class TokenBucket(Limiter):
         *,
         backend: Backend | None = None,
         name: str | None = None,
+        count_denied: bool = False,
     ):
-        super().__init__(backend, name)
+        super().__init__(backend, name, count_denied)
         self.rate = as_rate(rate)
         self.burst = self.rate.limit if burst is None else check_int(burst, "burst")
         interval = -(-self.rate.window_us // self.rate.limit)
         suffix = _keys.rate_suffix(self.rate.limit, self.rate.window_us, f"/{self.burst}")
         self._suffixes = (suffix,)
         self._args = (self.burst, interval)
+        self._refund_args = (interval,)
         self._max_cost = self.burst
 
     @property

@@ -28,14 +28,15 @@ Reply = Any
 
 @dataclass(frozen=True, slots=True)
 class ScriptCall:
-    """One script call as a Redis store made it (one EVALSHA; after NOSCRIPT the EVAL
-    that follows is part of the same call), handed to the backend's ``on_call`` hook once
-    it is over (see ``Backend.from_url``). It names the script, never its keys or
-    arguments: they carry the user's keys, tokens and lock names."""
+    """One script call as a store made it (one EVALSHA; after NOSCRIPT the EVAL that
+    follows is part of the same call; on memory:// the script's twin), handed to the
+    backend's ``on_call`` hook once it is over (see ``Backend.from_url``). It names the
+    script, never its keys or arguments: they carry the user's keys, tokens and lock names."""
 
     #: the script's name (the file in ``lua/``), e.g. ``"fixed_window"``
     script: str
-    #: the server that answered (or failed to): ``host:port`` or a unix socket's path
+    #: the server that answered (or failed to): ``host:port``, a unix socket's path, or
+    #: ``"memory"`` (memory://)
     server: str
     #: when the call started, nanoseconds since the epoch (``time.time_ns()``)
     start_ns: int
@@ -102,11 +103,28 @@ def _load(name: str, *, after: str | None = None, repeatable: bool = False) -> S
 
 LUA_DIR = _lua_dir()
 
-#: ``{allowed, limit, remaining, reset_after_us, retry_after_us, now_us}``: read by
-#: ``_rates.Decision.from_reply``.
+#: ``{allowed, limit, remaining, reset_after_us, retry_after_us, now_us, granted}``: read
+#: by ``_rates.Decision.from_reply``. ARGV[2] is a ``Mode``.
 FIXED_WINDOW = _load("fixed_window")
 SLIDING_WINDOW = _load("sliding_window")
 TOKEN_BUCKET = _load("token_bucket")
+
+
+class Mode(IntEnum):
+    """ARGV[2] of the limiter scripts; ``PARTIAL`` is added to one of the other three."""
+
+    PEEK = 0  # write nothing
+    HIT = 1  # count when admitted
+    HIT_COUNT_DENIED = 2  # count a denied hit too
+    PARTIAL = 4  # admit as much of the cost as every rate allows
+
+
+#: ``{microseconds until the block in place ends, now_us}``
+LIMITER_BLOCK = _load("limiter_block")
+#: ``{the most hits (tokens) given back under any one rate, now_us}``
+FIXED_WINDOW_REFUND = _load("fixed_window_refund")
+SLIDING_WINDOW_REFUND = _load("sliding_window_refund")
+TOKEN_BUCKET_REFUND = _load("token_bucket_refund")
 #: the number of keys that existed
 DELETE = _load("delete")
 
@@ -138,6 +156,17 @@ IDEM_RENEW = _load("idem_renew")  # 1 renewed, 0 not held by this owner
 IDEM_COMPLETE = _load("idem_complete")  # 1 stored, 0 not held by this owner
 #: 1 released, 0 not held by this owner (also what a repeat after a lost reply answers)
 IDEM_RELEASE = _load("idem_release", repeatable=True)
+IDEM_STATE = _load("idem_state")  # {IdemState, pttl_ms, lease_left_us, result}; reads only
+
+
+class IdemState(IntEnum):
+    """The first element of ``idem_state``'s reply."""
+
+    NONE = 0  # no record
+    IN_PROGRESS = 1  # the owner's lease still runs
+    COMPLETED = 2  # a result is stored
+    ABANDONED = 3  # in progress, but the lease has passed
+
 
 #: ``{1, fence}`` held, ``{0, wait_ms}`` held by another (also ``semaphore_acquire``)
 LOCK_ACQUIRE = _load("lock_acquire")
@@ -160,6 +189,15 @@ SEMAPHORE_ACQUIRE = _load("semaphore_acquire", after="semaphore_common")
 SEMAPHORE_RELEASE = _load("semaphore_release", after="semaphore_common", repeatable=True)
 SEMAPHORE_EXTEND = _load("semaphore_extend", after="semaphore_common")
 SEMAPHORE_HOLDERS = _load("semaphore_holders")  # the number of live holders
+
+# What an operator reads and forces (``aioratelimit inspect``, ``reset --force``, ``doctor``).
+LOCK_HOLDER = _load("lock_holder")  # {held 1/0, fence, pttl_ms}; reads only
+LOCK_FORCE_RELEASE = _load("lock_force_release")  # {1, fence} released, {0, 0} not held
+SEMAPHORE_LIST = _load("semaphore_list")  # {fence, ttl_ms, ...} per live holder; reads only
+SERVER_CHECK = _load("server_check")  # {time_s, time_us, version, mode, undeclared}
+
+#: The oldest Redis the scripts run on (the one place it is written: ``doctor`` reads it).
+MIN_REDIS_VERSION = (7, 0)
 
 
 #: Every script by name: what the memory store must have a twin for (a test checks it).

@@ -168,7 +168,8 @@ class Hitters:
         sha, argv = limiter._script.sha, (1, 1, *limiter._args)
 
         async def op(i: int) -> None:
-            reply = await client.evalsha(sha, 1, f"{head}{i % keys}", *argv)
+            key = f"{head}{i % keys}"  # the counter, and the key's block (never set here)
+            reply = await client.evalsha(sha, 2, key, f"{key}:block", *argv)
             admitted[name] += reply[0]
 
         return op
@@ -409,7 +410,6 @@ async def memory_usage(url: str, prefix: str) -> list[list[str]]:
 
 
 # -- report --------------------------------------------------------------------------------
-
 
 
 def report(

@@ -1,60 +1,109 @@
--- fixed_window: check and (when admitted and ARGV[2] == 1) count one hit against every rate.
+-- fixed_window: check and (when admitted and committing) count one hit against every rate.
 -- Each rate's window starts at its first admitted hit and lasts window_us; all-or-nothing:
--- a hit is counted only when every rate admits it, and a denied hit writes nothing.
+-- a hit is counted only when every rate admits it, and a denied hit writes nothing (unless
+-- the mode counts denied hits). A live block (limiter_block.lua) denies every hit.
 --
--- KEYS[i]  counter of rate i (string, integer value, expires at the end of its window)
+-- KEYS[i]  counter of rate i (string, integer value, expires at the end of its window),
+--          i = 1 .. #KEYS - 1
+-- KEYS[#KEYS]  the key's block (string: its end in µs; expires then)
 -- ARGV[1]  cost      hits this call consumes (integer >= 1, <= every limit)
--- ARGV[2]  commit    1 = hit (count when admitted), 0 = peek (write nothing)
+-- ARGV[2]  mode      0 = peek (write nothing), 1 = hit (count when admitted), 2 = hit and
+--                    count a denied hit too; plus 4 = partial: admit as much of cost as
+--                    every rate allows (at least 1), the rest is not asked for
 -- ARGV[1+2i] limit_i      integer >= 1
 -- ARGV[2+2i] window_us_i  window of rate i in microseconds (>= 1000)
 --
--- Reply: {allowed (1/0), limit, remaining, reset_after_us, retry_after_us, now_us}
---   for the tightest rate; now_us is the server clock (TIME) the decision used.
+-- Reply: {allowed (1/0), limit, remaining, reset_after_us, retry_after_us, now_us, granted}
+--   for the tightest rate; now_us is the server clock (TIME) the decision used; granted is
+--   the cost admitted (0 when denied; with partial, retry_after_us is for a cost of 1).
+--   reset_after_us and retry_after_us never exceed the rate's window_us (a live block's
+--   answer is the block's end): a window's end is stored in whole ms, rounded up (PXAT
+--   ceil), so for its first ms it lies up to 999 µs past first hit + window_us; the reply
+--   says window_us then (the caller's waiter sleeps 1 ms more than it is told).
+--
+-- Commands: GET, INCRBY, SET PXAT (6.2), TIME, and PEXPIRETIME (7.0) where the server has
+-- it, else PTTL: Redis 7.0+ (and Valkey) set redis.REDIS_VERSION_NUM, 6.2 does not. On 6.2
+-- the end is read in whole ms from the server's ms clock (PTTL), taken as the ms of TIME.
 local cost = tonumber(ARGV[1])
-local commit = ARGV[2] == '1'
+local mode = tonumber(ARGV[2])
+local partial = mode >= 4
+if partial then mode = mode - 4 end
+local commit = mode >= 1
+local count_denied = mode == 2
+local nrates = #KEYS - 1
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
-if #KEYS == 1 then
+-- The end of the window of a live key (µs; <= 0 when it has no expiry).
+local window_end
+if redis.REDIS_VERSION_NUM then
+  window_end = function(key)
+    return redis.call('PEXPIRETIME', key) * 1000
+  end
+else
+  local now_ms = now - now % 1000
+  window_end = function(key)
+    local ttl = redis.call('PTTL', key)
+    if ttl < 0 then
+      return ttl * 1000
+    end
+    return now_ms + ttl * 1000
+  end
+end
+
+local block = redis.call('GET', KEYS[#KEYS])
+if block and tonumber(block) > now then
+  local limit = tonumber(ARGV[3])
+  for i = 2, nrates do
+    if tonumber(ARGV[1 + 2 * i]) < limit then limit = tonumber(ARGV[1 + 2 * i]) end
+  end
+  local wait = tonumber(block) - now
+  return {0, limit, 0, wait, wait, now, 0}
+end
+
+if nrates == 1 and not partial then
   -- One rate, the common case: the loop below for one key, without its bookkeeping.
   local key, limit = KEYS[1], tonumber(ARGV[3])
   local count = redis.call('GET', key)
   if count then
-    local reset = redis.call('PEXPIRETIME', key) * 1000 - now
+    local reset = window_end(key) - now
     if reset > 0 then
+      local window = tonumber(ARGV[4])
+      if reset > window then
+        reset = window
+      end
       local rem = limit - tonumber(count)
       if cost > rem then
-        return {0, limit, rem, reset, reset, now}
+        if count_denied then
+          redis.call('INCRBY', key, cost)
+        end
+        return {0, limit, rem, reset, reset, now, 0}
       end
       if commit then
         redis.call('INCRBY', key, cost)
       end
-      return {1, limit, rem - cost, reset, 0, now}
+      return {1, limit, rem - cost, reset, 0, now, cost}
     end
   end
   -- No window open (never was, expired, or ends at this very moment): a new one.
   local window = tonumber(ARGV[4])
   if cost > limit then
-    return {0, limit, limit, window, window, now}
+    return {0, limit, limit, window, window, now, 0}
   end
   if commit then
     redis.call('SET', key, cost, 'PXAT', math.ceil((now + window) / 1000))
   end
-  return {1, limit, limit - cost, window, 0, now}
+  return {1, limit, limit - cost, window, 0, now, cost}
 end
 
-local allowed = 1
-local best_limit, best_rem, best_reset, best_retry = 0, -1, 0, 0
 local counts, ends = {}, {}
-
-for i = 1, #KEYS do
-  local limit = tonumber(ARGV[1 + 2 * i])
+for i = 1, nrates do
   local window = tonumber(ARGV[2 + 2 * i])
   local count = tonumber(redis.call('GET', KEYS[i]) or '0')
   local ends_at = 0
   if count > 0 then
-    ends_at = redis.call('PEXPIRETIME', KEYS[i]) * 1000
+    ends_at = window_end(KEYS[i])
   end
   -- The script decides expiry on its own clock, so a window that ended a moment before
   -- Redis lazily removes the key counts as ended here too.
@@ -63,8 +112,28 @@ for i = 1, #KEYS do
     ends_at = now + window
   end
   counts[i], ends[i] = count, ends_at
-  local rem = limit - count
-  local reset = ends_at - now
+end
+
+if partial then
+  -- As much of cost as the fullest rate leaves; when nothing is left, the decision (a
+  -- denial) is for a cost of 1.
+  for i = 1, nrates do
+    local rem = tonumber(ARGV[1 + 2 * i]) - counts[i]
+    if rem < cost then cost = rem end
+  end
+  if cost < 1 then cost = 1 end
+end
+
+local allowed = 1
+local best_limit, best_rem, best_reset, best_retry = 0, -1, 0, 0
+for i = 1, nrates do
+  local limit = tonumber(ARGV[1 + 2 * i])
+  local rem = limit - counts[i]
+  local reset = ends[i] - now
+  local window = tonumber(ARGV[2 + 2 * i])
+  if reset > window then
+    reset = window
+  end
   if cost > rem then
     -- Denied: the tightest rate is the one that keeps the caller waiting longest.
     if allowed == 1 or reset > best_retry then
@@ -79,8 +148,8 @@ for i = 1, #KEYS do
   end
 end
 
-if allowed == 1 and commit then
-  for i = 1, #KEYS do
+if (allowed == 1 and commit) or (allowed == 0 and count_denied) then
+  for i = 1, nrates do
     if counts[i] == 0 then
       redis.call('SET', KEYS[i], cost, 'PXAT', math.ceil(ends[i] / 1000))
     else
@@ -89,4 +158,4 @@ if allowed == 1 and commit then
   end
 end
 
-return {allowed, best_limit, best_rem, best_reset, best_retry, now}
+return {allowed, best_limit, best_rem, best_reset, best_retry, now, allowed * cost}

@@ -1,5 +1,6 @@
--- sliding_window: check and (when admitted and ARGV[2] == 1) count one hit against every rate,
--- each rate a ring of sub-window counters. All-or-nothing; a denied hit writes nothing.
+-- sliding_window: check and (when admitted and committing) count one hit against every rate,
+-- each rate a ring of sub-window counters. All-or-nothing; a denied hit writes nothing
+-- (unless the mode counts denied hits). A live block (limiter_block.lua) denies every hit.
 --
 -- A rate's window of window_us is cut into n buckets of b = ceil(window_us / n) microseconds,
 -- aligned on the server clock; bucket index c = floor(now / b). A hit at `now` is admitted
@@ -8,22 +9,42 @@
 -- limit admitted hits (conservative, never over-admitting).
 --
 -- KEYS[i]  ring of rate i (hash: field "c" = newest bucket index written, fields "0".."n" =
---          counts of bucket index mod (n+1); expires once its newest bucket leaves the window)
+--          counts of bucket index mod (n+1); expires once its newest bucket leaves the window),
+--          i = 1 .. #KEYS - 1
+-- KEYS[#KEYS]  the key's block (string: its end in µs; expires then)
 -- ARGV[1]  cost      hits this call consumes (integer >= 1, <= every limit)
--- ARGV[2]  commit    1 = hit (count when admitted), 0 = peek (write nothing)
+-- ARGV[2]  mode      0 = peek (write nothing), 1 = hit (count when admitted), 2 = hit and
+--                    count a denied hit too; plus 4 = partial: admit as much of cost as
+--                    every rate allows (at least 1), the rest is not asked for
 -- ARGV[3]  n         buckets per window (integer 1 .. 1000)
 -- ARGV[2+2i] limit_i      integer >= 1
 -- ARGV[3+2i] window_us_i  window of rate i in microseconds (>= 1000)
 --
--- Reply: {allowed (1/0), limit, remaining, reset_after_us, retry_after_us, now_us}
---   for the tightest rate; now_us is the server clock (TIME) the decision used.
+-- Reply: {allowed (1/0), limit, remaining, reset_after_us, retry_after_us, now_us, granted}
+--   for the tightest rate; now_us is the server clock (TIME) the decision used; granted is
+--   the cost admitted (0 when denied; with partial, retry_after_us is for a cost of 1).
 local cost = tonumber(ARGV[1])
-local commit = ARGV[2] == '1'
+local mode = tonumber(ARGV[2])
+local partial = mode >= 4
+if partial then mode = mode - 4 end
+local commit = mode >= 1
+local count_denied = mode == 2
 local n = tonumber(ARGV[3])
 local slots = n + 1
+local nrates = #KEYS - 1
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+local block = redis.call('GET', KEYS[#KEYS])
+if block and tonumber(block) > now then
+  local limit = tonumber(ARGV[4])
+  for i = 2, nrates do
+    if tonumber(ARGV[2 + 2 * i]) < limit then limit = tonumber(ARGV[2 + 2 * i]) end
+  end
+  local wait = tonumber(block) - now
+  return {0, limit, 0, wait, wait, now, 0}
+end
 
 local floor, tostring, tonumber = math.floor, tostring, tonumber
 
@@ -34,12 +55,9 @@ local function idiv(a, b)
   return q
 end
 
-local allowed = 1
-local best_limit, best_rem, best_reset, best_retry = 0, -1, 0, 0
-local size, current, newest = {}, {}, {}
+local size, current, newest, ring, total = {}, {}, {}, {}, {}
 
-for i = 1, #KEYS do
-  local limit = tonumber(ARGV[2 + 2 * i])
+for i = 1, nrates do
   local b = idiv(tonumber(ARGV[3 + 2 * i]) + n - 1, n)
   local c = idiv(now, b)
   local raw = redis.call('HGETALL', KEYS[i])
@@ -62,7 +80,24 @@ for i = 1, #KEYS do
     s = s + 1
     if s == slots then s = 0 end
   end
-  size[i], current[i], newest[i] = b, c, last
+  size[i], current[i], newest[i], ring[i], total[i] = b, c, last, counts, sum
+end
+
+if partial then
+  -- As much of cost as the fullest rate leaves; when nothing is left, the decision (a
+  -- denial) is for a cost of 1.
+  for i = 1, nrates do
+    local rem = tonumber(ARGV[2 + 2 * i]) - total[i]
+    if rem < cost then cost = rem end
+  end
+  if cost < 1 then cost = 1 end
+end
+
+local allowed = 1
+local best_limit, best_rem, best_reset, best_retry = 0, -1, 0, 0
+for i = 1, nrates do
+  local limit = tonumber(ARGV[2 + 2 * i])
+  local b, c, counts, sum = size[i], current[i], ring[i], total[i]
   local rem = limit - sum
   if cost > rem then
     -- Wait until enough of the oldest buckets have left the window; bucket c - n + k
@@ -89,8 +124,8 @@ for i = 1, #KEYS do
   end
 end
 
-if allowed == 1 and commit then
-  for i = 1, #KEYS do
+if (allowed == 1 and commit) or (allowed == 0 and count_denied) then
+  for i = 1, nrates do
     local c, last = current[i], newest[i]
     local s = c - idiv(c, slots) * slots
     if c == last then
@@ -118,4 +153,4 @@ if allowed == 1 and commit then
   end
 end
 
-return {allowed, best_limit, best_rem, best_reset, best_retry, now}
+return {allowed, best_limit, best_rem, best_reset, best_retry, now, allowed * cost}

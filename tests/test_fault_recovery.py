@@ -179,7 +179,7 @@ async def test_under_random_resets_no_hold_ends_in_lock_timeout(
     fix, about half of them did)."""
     outcomes: dict[str, int] = {"held": 0, "unavailable": 0, "timeout": 0}
     async with _backend(proxy.url) as backend:
-        proxy.chaos(random.Random(15), replies=(2, 9), into=(0, 40))
+        proxy.chaos(random.Random(15), replies=(3, 12), into=(0, 40))
         for _ in range(60):
             try:
                 async with arl.lock(key, ttl=30, timeout=3 * TIMEOUT, backend=backend):
@@ -194,7 +194,7 @@ async def test_under_random_resets_no_hold_ends_in_lock_timeout(
         resets = proxy.stats().resets
         assert outcomes["timeout"] == 0, (outcomes, resets)
         assert resets >= 10, resets  # the faults were real
-        assert outcomes["held"] >= 20, outcomes
+        assert outcomes["held"] >= 10, outcomes
         lease = await arl.Lock(key, backend=backend).acquire(timeout=0)
         await lease.release()
 

@@ -1,16 +1,18 @@
-"""memory:// is the reference model of the Lua scripts: one random sequence of hits, peeks,
-resets, waits and waiting acquisitions runs on the real server and on a MemoryStore, and
+"""memory:// is the reference model of the Lua scripts: one random sequence of hits (whole
+or partial, counting denied hits or not), peeks, resets, refunds, blocks, waits and waiting
+acquisitions runs on the real server and on a MemoryStore, and
 every decision must be identical.
 
 The comparison is exact. Each script reply from the server carries the clock it decided on
-(``now_us``, its last field); the MemoryStore's clock hands out those same readings in
-order, so the two sides decide on the same state at the same instant and must give the
-same raw reply, field for field.
+(``now_us``: a limiter's sixth field, a refund's or a block's second); the MemoryStore's
+clock hands out those same readings in order, so the two sides decide on the same state at
+the same instant and must give the same raw reply, field for field.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Sequence
@@ -64,6 +66,11 @@ def record(backend: arl.Backend, into: list[Call]) -> None:
     backend.run = run
 
 
+def _now(reply: list[int]) -> int:
+    """The clock a script decided on: a limiter's reply has it sixth, the others second."""
+    return reply[5] if len(reply) > 5 else reply[1]
+
+
 def _ints(reply: Any) -> list[int]:
     return [int(v) for v in reply] if isinstance(reply, list) else [int(reply)]
 
@@ -81,13 +88,17 @@ def configs(draw: st.DrawFn, kind: str) -> Config:
     return kind, tuple(rates), draw(st.sampled_from([1, 2, 3, 5, 10]))
 
 
-def build(config: Config, backend: arl.Backend, name: str) -> Any:
+def build(config: Config, backend: arl.Backend, name: str, count_denied: bool) -> Any:
     kind, rates, extra = config
     if kind == "fixed":
-        return arl.FixedWindow(*rates, backend=backend, name=name)
+        return arl.FixedWindow(*rates, backend=backend, name=name, count_denied=count_denied)
     if kind == "sliding":
-        return arl.SlidingWindow(*rates, buckets=extra, backend=backend, name=name)
-    return arl.TokenBucket(rates[0], burst=extra, backend=backend, name=name)
+        return arl.SlidingWindow(
+            *rates, buckets=extra, backend=backend, name=name, count_denied=count_denied
+        )
+    return arl.TokenBucket(
+        rates[0], burst=extra, backend=backend, name=name, count_denied=count_denied
+    )
 
 
 class LuaAgainstMemory(RuleBasedStateMachine):
@@ -127,30 +138,35 @@ class LuaAgainstMemory(RuleBasedStateMachine):
         finally:
             self.loop.close()
 
-    @initialize(fixed=configs("fixed"), sliding=configs("sliding"), token=configs("token"))
-    def limiters(self, fixed: Config, sliding: Config, token: Config) -> None:
+    @initialize(
+        fixed=configs("fixed"),
+        sliding=configs("sliding"),
+        token=configs("token"),
+        count_denied=st.booleans(),
+    )
+    def limiters(self, fixed: Config, sliding: Config, token: Config, count_denied: bool) -> None:
         for config in (fixed, sliding, token):
             kind, rates, extra = config
             max_cost = extra if kind == "token" else min(r.limit for r in rates)
-            self.pairs.append(
-                (build(config, self.server, kind), build(config, self.memory, kind), max_cost)
-            )
+            on_server = build(config, self.server, kind, count_denied)
+            self.pairs.append((on_server, build(config, self.memory, kind, count_denied), max_cost))
 
     def new_server_calls(self, since: int) -> list[Call]:
         calls = self.server_calls[since:]
         for call in calls:
             if call.script.name != "delete":
-                self.last_now = call.reply[5]
+                self.last_now = _now(call.reply)
         return calls
 
-    def decide(self, method: str, key: str, cost: int) -> None:
+    def decide(self, method: str, key: str, cost: float, **options: Any) -> None:
         for on_server, on_memory, max_cost in self.pairs:
-            c = min(cost, max_cost)
+            # (a partial hit or a block takes its number as it is)
+            c = cost if options or method == "block" else min(int(cost), max_cost)
             since, mem_since = len(self.server_calls), len(self.memory_calls)
-            server_decision = self.run(getattr(on_server, method)(key, c))
+            server_decision = self.run(getattr(on_server, method)(key, c, **options))
             (call,) = self.new_server_calls(since)
-            self.times.append(call.reply[5])
-            memory_decision = self.run(getattr(on_memory, method)(key, c))
+            self.times.append(_now(call.reply))
+            memory_decision = self.run(getattr(on_memory, method)(key, c, **options))
             (twin,) = self.memory_calls[mem_since:]
             assert (twin.script, twin.keys, twin.args) == (call.script, call.keys, call.args)
             assert twin.reply == call.reply, f"{on_server!r}.{method}({key!r}, {c})"
@@ -163,6 +179,18 @@ class LuaAgainstMemory(RuleBasedStateMachine):
     @rule(key=KEYS, cost=COSTS)
     def peek(self, key: str, cost: int) -> None:
         self.decide("peek", key, cost)
+
+    @rule(key=KEYS, cost=st.integers(1, 8))
+    def hit_partial(self, key: str, cost: int) -> None:
+        self.decide("hit", key, cost, partial=True)
+
+    @rule(key=KEYS, cost=COSTS)
+    def refund(self, key: str, cost: int) -> None:
+        self.decide("refund", key, cost)
+
+    @rule(key=KEYS, seconds=st.sampled_from([0.001, 0.05, 0.2]))
+    def block(self, key: str, seconds: float) -> None:
+        self.decide("block", key, seconds)
 
     @rule(key=KEYS)
     def reset(self, key: str) -> None:
@@ -200,7 +228,10 @@ class LuaAgainstMemory(RuleBasedStateMachine):
         calls = self.new_server_calls(since)
         assert calls, "acquire made no decision"
         assert [c.reply[0] for c in calls] == [0] * (len(calls) - 1) + [int(admitted)]
-        assert Decision.from_reply(calls[-1].reply) == outcome
+        last = Decision.from_reply(calls[-1].reply)
+        if admitted and last.retry_after > 0:  # a TokenBucket's booking, admitted after it
+            last = dataclasses.replace(last, retry_after=0.0)
+        assert last == outcome
         for call in calls:
             self.times.append(call.reply[5])
             reply = self.run(self.memory.run(call.script, call.keys, call.args))

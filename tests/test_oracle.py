@@ -57,9 +57,10 @@ from fakeredis.commands_mixins import server_mixin
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
+from script_checks import KEYS_CHECK
 
 import aioratelimit as arl
-from aioratelimit import _keys
+from aioratelimit import _admin, _keys
 from aioratelimit._idempotency import Claimed, IdempotencyStore, _fingerprint
 from aioratelimit._scripts import SCRIPTS, Arg, Reply, Script
 from aioratelimit._stores.keyspace import Keyspace, expired
@@ -71,6 +72,9 @@ from aioratelimit._tokens import _subject
 T0 = 1_767_225_600_000_000
 #: The Redis the fake emulates: the release the suite's redis-server runs (PEXPIRETIME is 7.0).
 REDIS_VERSION = (7, 0)
+#: The oldest Redis the library supports: fixed_window.lua reads a window's end with PTTL
+#: there (no PEXPIRETIME); the scripts tell the two apart by ``redis.REDIS_VERSION_NUM``.
+REDIS_6_2 = (6, 2)
 
 
 # -- the frozen clock ----------------------------------------------------------------------
@@ -104,11 +108,20 @@ def frozen(clock: Clock) -> Iterator[None]:
         yield
 
 
-def fake_redis() -> fakeredis.FakeRedis:
+def fake_redis(version: tuple[int, int] = REDIS_VERSION) -> fakeredis.FakeRedis:
     """A fresh fake server with every script loaded (the stores run them by SHA), on
-    Redis's Lua (fakeredis takes another from ``FAKEREDIS_LUA_VERSION``)."""
-    client = fakeredis.FakeRedis(server=fakeredis.FakeServer(version=REDIS_VERSION))
+    Redis's Lua (fakeredis takes another from ``FAKEREDIS_LUA_VERSION``). From 7.0 on its
+    scripts see ``redis.REDIS_VERSION_NUM``, as on Redis (fakeredis leaves it out; it
+    persists in the fake's one Lua runtime once set); every script runs under
+    ``script_checks.KEYS_CHECK``."""
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer(version=version))
     assert client.eval("return _VERSION", 0) == b"Lua 5.1"
+    if version >= (7, 0):
+        num = version[0] << 16 | version[1] << 8
+        client.eval(f"redis.REDIS_VERSION_NUM = {num}", 0)
+    assert client.eval("return redis.REDIS_VERSION_NUM", 0) == (num if version >= (7, 0) else None)
+    # Every key a script touches must be one of its KEYS: a call naming another fails it.
+    assert client.eval(KEYS_CHECK, 0) == 1
     for script in SCRIPTS.values():
         assert client.script_load(script.source) == script.sha
     return client
@@ -158,16 +171,21 @@ def limiter_keys(kind: str, user: str, rates: Rates, extra: str = "") -> list[st
     return [_keys.tagged(head(kind), user, _keys.rate_suffix(lim, w, extra)) for lim, w in rates]
 
 
+def block_key(kind: str, user: str) -> str:
+    """``Limiter.block``: one key per (limiter, user key), the last KEY of every hit."""
+    return _keys.block(head(kind), user)
+
+
 def fixed_keys(user: str, rates: Rates) -> list[str]:
-    return limiter_keys("fw", user, rates)
+    return [*limiter_keys("fw", user, rates), block_key("fw", user)]
 
 
 def sliding_keys(user: str, n: int, rates: Rates) -> list[str]:
-    return limiter_keys("sw", user, rates, f"/{n}")
+    return [*limiter_keys("sw", user, rates, f"/{n}"), block_key("sw", user)]
 
 
 def bucket_keys(user: str, rate: tuple[int, int], burst: int) -> list[str]:
-    return limiter_keys("tb", user, (rate,), f"/{burst}")
+    return [*limiter_keys("tb", user, (rate,), f"/{burst}"), block_key("tb", user)]
 
 
 def rate_args(rates: Rates) -> tuple[int, ...]:
@@ -229,11 +247,13 @@ State = tuple[bytes, Any, int] | None
 
 #: the type of every key a script writes, by the kind in its name (``oracle:<kind>:...``)
 TYPES = {"fw": b"string", "tb": b"string", "sw": b"hash", "lock": b"string", "tok": b"string"}
-TYPES.update({"idem": b"hash", "sem": b"zset", "sem-fence": b"hash"})
+TYPES.update({"idem": b"hash", "sem": b"zset", "sem-fence": b"hash", "doctor": b"string"})
 
 
 def key_type(key: str) -> bytes:
     kind = key.split(":")[1]
+    if key.endswith("}:block"):  # a limiter's block (``_keys.block``)
+        return b"string"
     return TYPES["sem-fence" if kind == "sem" and key.endswith(":fence") else kind]
 
 
@@ -301,19 +321,33 @@ def weighted(*choices: tuple[list[Call], int]) -> st.SearchStrategy[Call]:
     )
 
 
-def costs(rates: Rates) -> list[int]:
-    """The costs sent: the library refuses one above the tightest limit before any call."""
+def costs(rates: Rates, mode: int = 1) -> list[int]:
+    """The costs sent: the library refuses one above the tightest limit before any call,
+    except for a partial hit (``mode`` >= 4), which gets what is left."""
+    if mode >= 4:
+        return list(range(1, 7))
     return [cost for cost in range(1, 6) if cost <= min(lim for lim, _ in rates)]
 
 
-#: a limiter of one user: its keys, and every ARGV a hit or a peek on it may send
-Limiter = tuple[tuple[str, ...], list[tuple[Arg, ...]]]
+#: a limiter of one user: its keys (the rates' and the block), every ARGV a hit or a peek
+#: on it may send, and every ARGV of a refund
+Limiter = tuple[tuple[str, ...], list[tuple[Arg, ...]], list[tuple[Arg, ...]]]
+
+#: ARGV[2] of a limiter script (``_scripts.Mode``): peek, hit, hit counting denied hits,
+#: and each of them partial; a partial cost may be above the limit
+MODES = (0, 1, 2, 4, 5, 6)
+#: a TokenBucket waiter's booking horizon (max_wait_us): none, short, a waiter without timeout
+MAX_WAITS_US = (0, 2_000, 10**15)
 
 
 def fixed_windows(user: str) -> list[Limiter]:
     return [
-        (tuple(fixed_keys(user, rates)), [(c, commit, *rate_args(rates)) for c in costs(rates)])
-        for rates, commit in product(FIXED, (0, 1))
+        (
+            tuple(fixed_keys(user, rates)),
+            [(c, mode, *rate_args(rates)) for c in costs(rates, mode)],
+            [(c,) for c in costs(rates)],
+        )
+        for rates, mode in product(FIXED, MODES)
     ]
 
 
@@ -321,9 +355,10 @@ def sliding_windows(user: str) -> list[Limiter]:
     return [
         (
             tuple(sliding_keys(user, n, rates)),
-            [(c, commit, n, *rate_args(rates)) for c in costs(rates)],
+            [(c, mode, n, *rate_args(rates)) for c in costs(rates, mode)],
+            [(c, n, *rate_args(rates)) for c in costs(rates)],
         )
-        for (n, rates), commit in product(SLIDING, (0, 1))
+        for (n, rates), mode in product(SLIDING, MODES)
     ]
 
 
@@ -331,28 +366,44 @@ def token_buckets(user: str) -> list[Limiter]:
     return [
         (
             tuple(bucket_keys(user, rate, burst)),
-            [(c, commit, burst, interval_us(rate)) for c in range(1, burst + 1)],
+            [(c, mode, burst, interval_us(rate)) for c in costs(((burst, 0),), mode)]
+            + [
+                (c, 1, burst, interval_us(rate), w)
+                for c in range(1, burst + 1)
+                for w in MAX_WAITS_US
+                if mode == 1
+            ],
+            [(c, interval_us(rate)) for c in range(1, burst + 1)],
         )
-        for (rate, burst), commit in product(BUCKETS, (0, 1))
+        for (rate, burst), mode in product(BUCKETS, MODES)
     ]
 
 
 def limiter_calls(script: str, limiters: Callable[[str], list[Limiter]]) -> st.SearchStrategy[Call]:
-    """Hits and peeks on the application's limiters, and resets (DEL of one's keys)."""
-    hits, resets = [], []
+    """Hits and peeks on the application's limiters (every mode), resets (DEL of one's
+    keys), blocks and refunds."""
+    hits, resets, blocks, refunds = [], [], [], []
     for user in USERS:
-        for keys, args in limiters(user):
+        for keys, args, refund_args in limiters(user):
             hits += [Call(script, keys, a) for a in args]
             resets.append(Call("delete", keys, ()))
-    return weighted((hits, 6), (resets, 1))
+            blocks += [Call("limiter_block", keys[-1:], (d,)) for d in DURATIONS_US[:5]]
+            refunds += [Call(f"{script}_refund", keys[:-1], a) for a in refund_args]
+    return weighted((hits, 8), (resets, 1), (blocks, 1), (refunds, 3))
 
 
 def lock_calls() -> st.SearchStrategy[Call]:
-    """Acquisitions (and the same one sent again), releases, extensions, ``locked``."""
+    """Acquisitions (and the same one sent again), releases, extensions, ``locked``, an
+    operator's reads and forced releases."""
     acquire, release, extend, locked = [], [], [], []
     for name in LOCK_NAMES:
         key, channel = lock_names(name)
         locked.append(Call("lock_locked", (key,), ()))
+        locked.append(Call("lock_holder", (key,), ()))
+        release += [
+            Call("lock_force_release", (key,), (channel, p, fence))
+            for p, fence in product(PUBLISH, ("", str(T0), str(T0 + 1)))
+        ]
         for token, ms in product(TOKENS, TTLS_MS):
             acquire.append(Call("lock_acquire", (key,), (token, ms)))
             extend.append(Call("lock_extend", (key,), (token, ms)))
@@ -367,6 +418,7 @@ def semaphore_calls() -> st.SearchStrategy[Call]:
         zset, fences, channel = semaphore_names(name)
         keys = (zset, fences)
         holders.append(Call("semaphore_holders", (zset,), ()))
+        holders.append(Call("semaphore_list", keys, ()))
         for token, ms in product(TOKENS, TTLS_MS):
             acquire += [Call("semaphore_acquire", keys, (token, ms, n)) for n in (1, 2, 3)]
             extend.append(Call("semaphore_extend", keys, (token, ms)))
@@ -387,7 +439,10 @@ def token_calls() -> st.SearchStrategy[Call]:
 def idempotency_calls() -> st.SearchStrategy[Call]:
     """Claims by two owners (the one holding, the one not) under a few fingerprints,
     renewals, completions and releases."""
-    claim, renew, complete, release = [], [], [], []
+    claim, renew, complete, release, state = [], [], [], [], []
+    for key in IDEM_KEYS:
+        record, _ = idem_names(key)
+        state += [Call("idem_state", (record,), (w,)) for w in ("0", "1")]
     for key, owner in product(IDEM_KEYS, TOKENS[:2]):
         record, channel = idem_names(key)
         keys = (record,)
@@ -399,7 +454,17 @@ def idempotency_calls() -> st.SearchStrategy[Call]:
                 Call("idem_complete", keys, (owner, result, us, channel, p))
                 for result, p in product(RESULTS, PUBLISH)
             ]
-    return weighted((claim, 3), (renew, 1), (complete, 3), (release, 2))
+    return weighted((claim, 3), (renew, 1), (complete, 3), (release, 2), (state, 2))
+
+
+def server_calls() -> st.SearchStrategy[Call]:
+    """``doctor``'s question, under both user keys' tags."""
+    calls = []
+    for user in USERS:
+        probe = _keys.tagged(head("doctor"), user, ":declared")
+        other = _keys.tagged(head("doctor"), user, ":undeclared")
+        calls.append(Call("server_check", (probe,), (other,)))
+    return weighted((calls, 1))
 
 
 # -- the machines --------------------------------------------------------------------------
@@ -489,7 +554,12 @@ class Oracle(RuleBasedStateMachine):
 
     def remember(self, name: str, reply: Reply, now: int) -> None:
         """Count the branch the call took; keep the instants its reply names."""
-        first = reply[0] if isinstance(reply, list) else reply
+        if name == "semaphore_list":  # pairs (fence, ttl): none, one or several holders
+            first = min(len(reply) // 2, 2)
+        elif name == "server_check":  # {time_s, time_us, version, mode, undeclared}
+            first = reply[4]
+        else:
+            first = reply[0] if isinstance(reply, list) else reply
         self.seen[name, int(first)] += 1
         if name in ("fixed_window", "sliding_window", "token_bucket"):
             ahead = [reply[3], reply[4]]  # reset_after_us, retry_after_us
@@ -548,9 +618,15 @@ class Oracle(RuleBasedStateMachine):
 
 
 class FixedWindows(Oracle):
-    """``FixedWindow`` hits, peeks and resets, one rate or several."""
+    """``FixedWindow`` hits (counting denied ones or not, partial or not), peeks, resets,
+    blocks and refunds, one rate or several."""
 
-    branches: ClassVar[dict[str, set[int]]] = {"fixed_window": {0, 1}, "delete": {0, 1}}
+    branches: ClassVar[dict[str, set[int]]] = {
+        "fixed_window": {0, 1},
+        "delete": {0, 1},
+        "limiter_block": set(),  # (it answers microseconds: no codes)
+        "fixed_window_refund": {0, 1},
+    }
 
     @rule(move=MOVES, call=limiter_calls("fixed_window", fixed_windows))
     def step(self, move: Move, call: Call) -> None:
@@ -559,9 +635,15 @@ class FixedWindows(Oracle):
 
 
 class SlidingWindows(Oracle):
-    """``SlidingWindow`` hits, peeks and resets, with 1 to 1000 buckets."""
+    """``SlidingWindow`` hits (every mode), peeks, resets, blocks and refunds, with 1 to
+    1000 buckets."""
 
-    branches: ClassVar[dict[str, set[int]]] = {"sliding_window": {0, 1}, "delete": {0, 1}}
+    branches: ClassVar[dict[str, set[int]]] = {
+        "sliding_window": {0, 1},
+        "delete": {0, 1},
+        "limiter_block": set(),
+        "sliding_window_refund": {0, 1},
+    }
 
     @rule(move=MOVES, call=limiter_calls("sliding_window", sliding_windows))
     def step(self, move: Move, call: Call) -> None:
@@ -570,9 +652,15 @@ class SlidingWindows(Oracle):
 
 
 class TokenBuckets(Oracle):
-    """``TokenBucket`` hits, peeks and resets."""
+    """``TokenBucket`` hits (every mode, and waiters' bookings), peeks, resets, blocks and
+    refunds."""
 
-    branches: ClassVar[dict[str, set[int]]] = {"token_bucket": {0, 1}, "delete": {0, 1}}
+    branches: ClassVar[dict[str, set[int]]] = {
+        "token_bucket": {0, 1},
+        "delete": {0, 1},
+        "limiter_block": set(),
+        "token_bucket_refund": {0, 1},
+    }
 
     @rule(move=MOVES, call=limiter_calls("token_bucket", token_buckets))
     def step(self, move: Move, call: Call) -> None:
@@ -588,6 +676,8 @@ class Locks(Oracle):
         "lock_release": {-1, 0, 1, 2},
         "lock_extend": {0, 1},
         "lock_locked": {0, 1},
+        "lock_holder": {0, 1},
+        "lock_force_release": {-1, 0, 1},
     }
 
     @rule(move=MOVES, call=lock_calls())
@@ -604,6 +694,7 @@ class Semaphores(Oracle):
         "semaphore_release": {0, 1, 2},
         "semaphore_extend": {0, 1},
         "semaphore_holders": {0, 1},
+        "semaphore_list": {0, 1},  # (2, several holders, is reached less often)
     }
 
     @rule(move=MOVES, call=semaphore_calls())
@@ -634,9 +725,21 @@ class Idempotency(Oracle):
         "idem_renew": {0, 1},
         "idem_complete": {0, 1},
         "idem_release": {0, 1},
+        "idem_state": {0, 1, 2, 3},
     }
 
     @rule(move=MOVES, call=idempotency_calls())
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
+class ServerChecks(Oracle):
+    """``doctor``'s question: the clock, no INFO on either side, undeclared keys allowed."""
+
+    branches: ClassVar[dict[str, set[int]]] = {"server_check": {0}}
+
+    @rule(move=MOVES, call=server_calls())
     def step(self, move: Move, call: Call) -> None:
         self.move(move)
         self.call(call)
@@ -650,9 +753,15 @@ MACHINES = [
     Semaphores,
     OneShotTokens,
     Idempotency,
+    ServerChecks,
 ]
 #: examples per machine (of 60 steps, each one call)
-EXAMPLES = {machine: 15 for machine in MACHINES} | {Locks: 20, Idempotency: 20, OneShotTokens: 10}
+EXAMPLES = {machine: 15 for machine in MACHINES} | {
+    Locks: 20,
+    Idempotency: 20,
+    OneShotTokens: 10,
+    ServerChecks: 3,
+}
 
 
 def test_the_machines_call_every_script() -> None:
@@ -664,10 +773,14 @@ def test_the_machines_call_every_script() -> None:
 #: Hypothesis's own five minutes of it (the suite's 180 s once cut a shrink short, which
 #: Hypothesis then reported as flaky data generation instead of the drift).
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("machine", MACHINES, ids=lambda m: m.__name__)
-def test_scripts_and_twins_agree(machine: type[Oracle]) -> None:
+@pytest.mark.parametrize(
+    ("machine", "version"),
+    [(m, REDIS_VERSION) for m in MACHINES] + [(FixedWindows, REDIS_6_2)],
+    ids=[m.__name__ for m in MACHINES] + ["FixedWindows-6.2"],
+)
+def test_scripts_and_twins_agree(machine: type[Oracle], version: tuple[int, int]) -> None:
     """Each script and its twin give the same replies, keys, TTLs and publishes for any
-    history of calls on one frozen clock."""
+    history of calls on one frozen clock; fixed_window.lua also on its Redis 6.2 branch."""
     loop = asyncio.new_event_loop()
     seen: Counter[tuple[str, int]] = Counter()
 
@@ -676,7 +789,7 @@ def test_scripts_and_twins_agree(machine: type[Oracle]) -> None:
 
     OnOneClock.loop = loop
     OnOneClock.seen = seen
-    OnOneClock.redis = fake_redis()
+    OnOneClock.redis = fake_redis(version)
     try:
         with frozen(OnOneClock.clock):
             run_state_machine_as_test(
@@ -772,13 +885,27 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     await fixed.hit("u", 2)
     await fixed.peek("u", 1)
     await fixed.reset("u")
+    await fixed.hit("u", 9, partial=True)
+    await fixed.refund("u", 2)
+    await fixed.block("u", 0.0025)
     expect("fixed_window", fixed_keys("u", rates), (2, 1, *rate_args(rates)))
     expect("fixed_window", fixed_keys("u", rates), (1, 0, *rate_args(rates)))
     expect("delete", fixed_keys("u", rates), ())
-    await arl.SlidingWindow(*limits, buckets=7, backend=backend).hit("v{w}", 3)
-    expect("sliding_window", sliding_keys("v{w}", 7, rates), (3, 1, 7, *rate_args(rates)))
-    await arl.TokenBucket(limits[0], burst=2, backend=backend).hit("u")
+    expect("fixed_window", fixed_keys("u", rates), (9, 5, *rate_args(rates)))
+    expect("fixed_window_refund", fixed_keys("u", rates)[:-1], (2,))
+    expect("limiter_block", [block_key("fw", "u")], (2_500,))
+    sliding = arl.SlidingWindow(*limits, buckets=7, backend=backend, count_denied=True)
+    await sliding.hit("v{w}", 3)
+    await sliding.refund("v{w}", 1)
+    expect("sliding_window", sliding_keys("v{w}", 7, rates), (3, 2, 7, *rate_args(rates)))
+    expect("sliding_window_refund", sliding_keys("v{w}", 7, rates)[:-1], (1, 7, *rate_args(rates)))
+    bucket = arl.TokenBucket(limits[0], burst=2, backend=backend)
+    await bucket.hit("u")
+    await bucket.refund("u")
+    await bucket.acquire("u", 2, wait=True, timeout=0)
     expect("token_bucket", bucket_keys("u", R3, 2), (1, 1, 2, interval_us(R3)))
+    expect("token_bucket_refund", bucket_keys("u", R3, 2)[:-1], (1, interval_us(R3)))
+    expect("token_bucket", bucket_keys("u", R3, 2), (2, 1, 2, interval_us(R3), 0))
 
     lock = arl.Lock("L1", ttl=0.005, backend=backend)
     lease = await lock.acquire(timeout=0)
@@ -791,6 +918,10 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     expect("lock_extend", [key], (token, 5))
     expect("lock_locked", [key], ())
     expect("lock_release", [key], (token, 5, channel, "PUBLISH"))
+    await _admin.lock_state(lock)
+    await _admin.force_release(lock)
+    expect("lock_holder", [key], ())
+    expect("lock_force_release", [key], (channel, "PUBLISH", ""))
 
     sem = arl.Semaphore("S1", limit=2, ttl=0.0015, backend=backend)
     lease = await sem.acquire(timeout=0)
@@ -803,6 +934,8 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     expect("semaphore_extend", [holders, fences], (token, 2))
     expect("semaphore_holders", [holders], ())
     expect("semaphore_release", [holders, fences], (token, 2, channel, "PUBLISH"))
+    await _admin.semaphore_state(sem)
+    expect("semaphore_list", [holders, fences], ())
 
     one_shot = await arl.issue_token(ttl=0.0025, subject="alice", backend=backend)
     await arl.consume_token(one_shot, "bob", backend=backend)
@@ -826,6 +959,18 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     expect("idem_complete", [record], (owner, RESULTS[1], 30_000_000, channel, "PUBLISH"))
     expect("idem_claim", [other], (second, "", 1_000))
     expect("idem_release", [other], (second, other_channel, "PUBLISH"))
+    await _admin.idempotency_state("order-1", backend=backend)
+    await _admin.idempotency_state("order-1", backend=backend, with_result=True)
+    expect("idem_state", [record], ("0",))
+    expect("idem_state", [record], ("1",))
+
+    await _admin.server_facts(backend, "u")
+    doctor = head(_admin.PROBE_KIND)
+    expect(
+        "server_check",
+        [_keys.tagged(doctor, "u", ":declared")],
+        (_keys.tagged(doctor, "u", ":undeclared"),),
+    )
 
     await backend.aclose()
     assert calls == sent

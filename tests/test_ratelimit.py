@@ -22,10 +22,6 @@ from aioratelimit._scripts import Arg, Reply, Script
 
 Make = Callable[[str, arl.Backend], Any]
 
-#: A FixedWindow's end is stored as a key expiry in whole milliseconds (rounded up), so
-#: the times it reports may exceed the window by up to this much.
-MS = 0.001
-
 ALGORITHMS: dict[str, Make] = {
     "fixed": lambda rate, backend: arl.FixedWindow(rate, backend=backend),
     "sliding": lambda rate, backend: arl.SlidingWindow(rate, backend=backend),
@@ -54,9 +50,10 @@ class Recorder:
         backend.run = run
 
     def admitted(self) -> list[tuple[int, int]]:
-        """(now_us, cost) of every admitted limiter hit (peeks excluded), by server time."""
+        """(now_us, cost) of every admitted limiter hit (peeks excluded), by server time: a
+        TokenBucket waiter's booking is admitted at now_us + retry_after_us."""
         return sorted(
-            (int(reply[5]), int(args[0]))
+            (int(reply[5]) + int(reply[4]), int(args[0]))
             for name, args, reply in self.calls
             if name != "delete" and int(args[1]) == 1 and reply[0] == 1
         )
@@ -197,7 +194,7 @@ async def test_tightest_rate_is_reported(backend: arl.Backend, key: str) -> None
     await hits(limiter, key, 2)
     denied = await limiter.hit(key)
     assert (denied.allowed, denied.limit, denied.remaining) == (False, 3, 0)
-    assert 1 < denied.retry_after <= 60 + MS
+    assert 1 < denied.retry_after <= 60
 
 
 # -- peek and reset ------------------------------------------------------------------------
@@ -248,14 +245,60 @@ async def test_fixed_window_decision_fields(backend: arl.Backend, key: str) -> N
     """FixedWindow: the window starts at the first hit, so its reset_after is the window."""
     limiter = arl.FixedWindow("2/minute", backend=backend)
     first = await limiter.hit(key)
-    assert first == arl.Decision(True, 2, 1, 60.0, 0.0)
+    assert first == arl.Decision(True, 2, 1, 60.0, 0.0, granted=1)
     second = await limiter.hit(key)
     assert (second.allowed, second.remaining, second.retry_after) == (True, 0, 0.0)
-    assert 50 < second.reset_after <= 60 + MS
+    assert 50 < second.reset_after <= 60
     denied = await limiter.hit(key)
     assert (denied.allowed, denied.limit, denied.remaining) == (False, 2, 0)
-    assert 50 < denied.retry_after <= 60 + MS
+    assert 50 < denied.retry_after <= 60
     assert denied.retry_after == denied.reset_after
+
+
+#: Windows about the millisecond and off it (whole µs), alone and together (limits apart,
+#: so the reported rate is known by its limit; a TokenBucket takes one rate).
+BOUNDED = [
+    [arl.Rate(3, 0.002)],
+    [arl.Rate(2, 0.0015)],
+    [arl.Rate(5, 0.0333), arl.Rate(9, 0.25)],
+    [arl.Rate(1, 0.001001), arl.Rate(4, 0.0105), arl.Rate(7, 1.0)],
+]
+
+
+@pytest.mark.parametrize("kind", sorted(ALGORITHMS))
+@pytest.mark.parametrize("rates", BOUNDED, ids=lambda rs: "+".join(map(str, rs)))
+async def test_reset_and_retry_after_never_exceed_the_window(
+    backend: arl.Backend, key: str, kind: str, rates: list[arl.Rate]
+) -> None:
+    """Every decision's reset_after and retry_after are within the window of the rate it
+    reports, for hits and peeks bunched into the first milliseconds of a window and spread
+    over several windows. A FixedWindow's end is kept in whole ms, rounded up (its first ms
+    once reported up to 999 µs more); a SlidingWindow's bound is the window plus one
+    sub-window, a TokenBucket's the time to refill the burst, both in the whole µs of a
+    sub-window or a token (the window rounded up to them)."""
+    if kind == "token" and len(rates) > 1:
+        pytest.skip("a TokenBucket has one rate")
+    limiter: Any = {
+        "fixed": arl.FixedWindow,
+        "sliding": arl.SlidingWindow,
+        "token": arl.TokenBucket,
+    }[kind](*rates, backend=backend)
+    per = {"fixed": 1, "sliding": 10, "token": rates[0].limit}[kind]  # sub-windows, tokens
+    grain = {"fixed": 0, "sliding": 1, "token": 0}[kind]  # sub-windows over the window
+    bounds = {r.limit: -(-r.window_us // per) * (per + grain) / 1e6 for r in rates}
+    rng = random.Random(f"{key}{kind}")
+    decisions = []
+    for _ in range(6):
+        for _ in range(rng.randrange(4, 12)):
+            cost = rng.randint(1, min(bounds))
+            hit = limiter.hit if rng.random() < 0.8 else limiter.peek
+            decisions.append(await hit(key, cost))
+        await asyncio.sleep(rng.uniform(0, max(rate.window for rate in rates)))
+    assert any(not d.allowed for d in decisions)
+    for d in decisions:
+        bound = bounds[d.limit]
+        assert 0 < d.reset_after <= bound, (d, bound)
+        assert 0 <= d.retry_after <= bound, (d, bound)
 
 
 async def test_sliding_window_decision_fields(backend: arl.Backend, key: str) -> None:
@@ -275,7 +318,7 @@ async def test_token_bucket_decision_fields(backend: arl.Backend, key: str) -> N
     """TokenBucket: each token takes window/limit to come back; limit is the burst."""
     limiter = arl.TokenBucket("2/minute", backend=backend)
     first = await limiter.hit(key)
-    assert first == arl.Decision(True, 2, 1, 30.0, 0.0)
+    assert first == arl.Decision(True, 2, 1, 30.0, 0.0, granted=1)
     second = await limiter.hit(key)
     assert (second.allowed, second.remaining, second.retry_after) == (True, 0, 0.0)
     assert 59 < second.reset_after <= 60
@@ -403,8 +446,14 @@ async def test_wait_sleeps_for_retry_after_and_succeeds(
         assert decision.allowed
     elapsed = time.monotonic() - started
     first_retry = recorder.calls[0][2][4] / 1e6
-    assert recorder.calls[0][2][0] == 0  # the first try was denied...
-    assert 2 <= recorder.limiter_calls() <= 4  # ...then it slept instead of polling
+    if isinstance(limiter, arl.TokenBucket):
+        # One call: the slot was booked (admitted, retry_after_us ahead), then it slept.
+        assert recorder.calls[0][2][0] == 1
+        assert first_retry > 0
+        assert recorder.limiter_calls() == 1
+    else:
+        assert recorder.calls[0][2][0] == 0  # the first try was denied...
+        assert 2 <= recorder.limiter_calls() <= 4  # ...then it slept instead of polling
     assert first_retry - 0.01 <= elapsed < 5
 
 
@@ -534,7 +583,7 @@ async def test_memory_never_runs_backwards_when_the_wall_clock_steps_back(
         monkeypatch.setattr(time, "time", lambda: real() / 1e9 - 30.0)
         decisions = [await limiter.hit(key) for _ in range(3)]
         assert [d.allowed for d in decisions] == [True, False, False]
-        bound = window * 1.1 + MS
+        bound = window * 1.1  # a SlidingWindow: the window and one sub-window
         for d in decisions:
             assert 0 <= d.reset_after <= bound, d
             assert 0 <= d.retry_after <= bound, d

@@ -86,9 +86,7 @@ def limited(backend: arl.Backend, inner: Any) -> RateLimitMiddleware:
 
 
 @pytest.mark.parametrize("where", ["mount", "root_path", "bare"])
-async def test_exempt_and_rules_match_the_path_inside_the_app(
-    store_url: str, where: str
-) -> None:
+async def test_exempt_and_rules_match_the_path_inside_the_app(store_url: str, where: str) -> None:
     """Under Mount("/api"), uvicorn --root-path /api, or bare: /health is never limited, a
     rule's template and path_param see the path inside the application."""
     backend = fresh_backend(store_url)

@@ -2,9 +2,10 @@
 
 ``MemoryStore.run(script, keys, args)`` answers exactly what a Redis store answers for the
 same script, keys and arguments, given the same clock reading. The twins live in
-``memory_ratelimit``, ``memory_locks`` and ``memory_idempotency``, one function per file of
-``lua/``, named like it; the dispatch is derived from those names, and
-``tests/test_oracle.py`` runs the real Lua (fakeredis with lupa) against every twin.
+``memory_ratelimit``, ``memory_penalties``, ``memory_locks``, ``memory_idempotency`` and
+``memory_server``, one function per file of ``lua/``, named like it; the dispatch is derived
+from those names, and ``tests/test_oracle.py`` runs the real Lua (fakeredis with lupa)
+against every twin.
 
 Keys expire by Redis's rule (``keyspace``); expired keys are dropped when touched and by an
 amortised sweep, so memory stays bounded by the keys that are live. A ``threading.Lock``
@@ -20,13 +21,20 @@ from types import ModuleType
 
 from .._notify import Notifier
 from .._scripts import SCRIPTS, Arg, Reply, Script
-from . import memory_idempotency, memory_locks, memory_ratelimit
+from . import memory_idempotency, memory_locks, memory_penalties, memory_ratelimit, memory_server
+from .base import OnCall, observed
 from .keyspace import Keyspace
 
 Twin = Callable[[Keyspace, Sequence[str], Sequence[Arg], int], Reply]
 
 #: The modules that hold the twins.
-TWIN_MODULES: tuple[ModuleType, ...] = (memory_ratelimit, memory_locks, memory_idempotency)
+TWIN_MODULES: tuple[ModuleType, ...] = (
+    memory_ratelimit,
+    memory_penalties,
+    memory_locks,
+    memory_idempotency,
+    memory_server,
+)
 
 
 def twins() -> dict[str, Twin]:
@@ -92,3 +100,22 @@ class MemoryStore:
         await self.notifier.aclose()
         with self._lock:
             self.keyspace.clear()
+
+
+class ObservedMemoryStore(MemoryStore):
+    """A memory store that reports every call to an ``on_call`` hook once it is over, as
+    the Redis stores do (``from_url("memory://", on_call=...)``; the server is ``"memory"``).
+    A subclass, so a store without a hook pays nothing for it."""
+
+    __slots__ = ("_on_call",)
+
+    def __init__(self, on_call: OnCall, clock: Callable[[], int] | None = None) -> None:
+        super().__init__(clock)
+        self._on_call = on_call
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+        return await observed(self._on_call, script, super().run(script, keys, args), _memory)
+
+
+def _memory() -> str:
+    return "memory"

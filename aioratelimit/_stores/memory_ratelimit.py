@@ -1,5 +1,6 @@
 """The memory twins of the rate-limit scripts: ``lua/fixed_window.lua``,
-``lua/sliding_window.lua``, ``lua/token_bucket.lua`` and ``lua/delete.lua``.
+``lua/sliding_window.lua``, ``lua/token_bucket.lua`` and ``lua/delete.lua`` (the blocks
+and refunds are in ``memory_penalties``).
 
 Each function is named like its file, takes the keyspace, the script's KEYS and ARGV and the
 clock reading the script would get from ``TIME`` (µs), follows the Lua line for line and
@@ -25,16 +26,32 @@ def _slot_names(slots: int) -> tuple[str, ...]:
 # -- lua/fixed_window.lua ------------------------------------------------------------------
 
 
+def _mode(arg: Arg) -> tuple[int, bool]:
+    """A limiter script's ARGV[2]: (0 peek / 1 hit / 2 hit counting denied, partial)."""
+    mode = int(arg)
+    return (mode - 4, True) if mode >= 4 else (mode, False)
+
+
+def _blocked(ks: Keyspace, key: str, now: int) -> int:
+    """Microseconds the key's block (``lua/limiter_block.lua``) still runs, else 0."""
+    block = ks.get(key, now)
+    return int(block) - now if block is not None and int(block) > now else 0
+
+
 def fixed_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
-    if len(keys) == 1:
-        return _fixed_window_one(ks, keys[0], args, now)
-    cost, commit = int(args[0]), int(args[1]) == 1
-    allowed = 1
-    best_limit, best_rem, best_reset, best_retry = 0, -1, 0, 0
+    nrates = len(keys) - 1
+    wait = _blocked(ks, keys[-1], now)
+    if wait:
+        limit = min(int(args[2 * i]) for i in range(1, nrates + 1))
+        return [0, limit, 0, wait, wait, now, 0]
+    cost = int(args[0])
+    mode, partial = _mode(args[1])
+    if nrates == 1 and not partial:
+        return _fixed_window_one(ks, keys[0], cost, mode, args, now)
     counts: list[int] = []
     ends: list[int] = []
-    for i, key in enumerate(keys):
-        limit, window = int(args[2 + 2 * i]), int(args[3 + 2 * i])
+    for i, key in enumerate(keys[:nrates]):
+        window = int(args[3 + 2 * i])
         count = ks.get(key, now) or 0
         ends_at = 0
         if count > 0:
@@ -44,8 +61,14 @@ def fixed_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: in
             ends_at = now + window
         counts.append(count)
         ends.append(ends_at)
-        rem = limit - count
-        reset = ends_at - now
+    if partial:
+        cost = max(1, min(cost, *(int(args[2 + 2 * i]) - counts[i] for i in range(nrates))))
+    allowed = 1
+    best_limit, best_rem, best_reset, best_retry = 0, -1, 0, 0
+    for i in range(nrates):
+        limit = int(args[2 + 2 * i])
+        rem = limit - counts[i]
+        reset = min(ends[i] - now, int(args[3 + 2 * i]))
         if cost > rem:
             if allowed == 1 or reset > best_retry:
                 best_limit, best_rem, best_reset, best_retry = limit, rem, reset, reset
@@ -54,20 +77,22 @@ def fixed_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: in
             rem -= cost
             if best_rem < 0 or rem < best_rem or (rem == best_rem and reset > best_reset):
                 best_limit, best_rem, best_reset = limit, rem, reset
-    if allowed == 1 and commit:
-        for i, key in enumerate(keys):
+    if (allowed == 1 and mode >= 1) or (allowed == 0 and mode == 2):
+        for i, key in enumerate(keys[:nrates]):
             if counts[i] == 0:
                 ks.set(key, cost, ceil_div(ends[i], 1000))
             else:
                 ks.data[key] += cost
-    return [allowed, best_limit, best_rem, best_reset, best_retry, now]
+    return [allowed, best_limit, best_rem, best_reset, best_retry, now, allowed * cost]
 
 
-def _fixed_window_one(ks: Keyspace, key: str, args: Sequence[Arg], now: int) -> Reply:
+def _fixed_window_one(
+    ks: Keyspace, key: str, cost: int, mode: int, args: Sequence[Arg], now: int
+) -> Reply:
     """``fixed_window`` for one rate, the common case, with the loop and the
     multi-rate bookkeeping folded away (same decisions: the model test pairs both with
     the Lua)."""
-    cost, limit, window = int(args[0]), int(args[2]), int(args[3])
+    limit, window = int(args[2]), int(args[3])
     count = ks.data.get(key)
     ends_at = 0
     if count is not None:
@@ -79,36 +104,46 @@ def _fixed_window_one(ks: Keyspace, key: str, args: Sequence[Arg], now: int) -> 
             count = None
         else:
             ends_at = exp * 1000
-    if not count or ends_at <= now:
+    if count is None or ends_at <= now:
         count = 0
         ends_at = now + window
+        fresh = True
+    else:
+        fresh = False
     rem = limit - count
-    reset = ends_at - now
+    reset = min(ends_at - now, window)
     if cost > rem:
-        return [0, limit, rem, reset, reset, now]
-    if int(args[1]) == 1:
-        if count == 0:
+        if mode == 2 and not fresh:
+            ks.data[key] = count + cost
+        return [0, limit, rem, reset, reset, now, 0]
+    if mode >= 1:
+        if fresh:
             ks.data[key] = cost
             ks.exp[key] = ceil_div(ends_at, 1000)
         else:
             ks.data[key] = count + cost
-    return [1, limit, rem - cost, reset, 0, now]
+    return [1, limit, rem - cost, reset, 0, now, cost]
 
 
 # -- lua/sliding_window.lua ----------------------------------------------------------------
 
 
 def sliding_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
-    cost, commit, n = int(args[0]), int(args[1]) == 1, int(args[2])
+    nrates = len(keys) - 1
+    wait = _blocked(ks, keys[-1], now)
+    if wait:
+        limit = min(int(args[1 + 2 * i]) for i in range(1, nrates + 1))
+        return [0, limit, 0, wait, wait, now, 0]
+    cost, n = int(args[0]), int(args[2])
+    mode, partial = _mode(args[1])
     slots = n + 1
     slot = _slot_names(slots)
-    allowed = 1
-    best_limit, best_rem, best_reset, best_retry = 0, -1, 0, 0
     size: list[int] = []
     current: list[int] = []
     newest: list[int] = []
-    for i, key in enumerate(keys):
-        limit = int(args[3 + 2 * i])
+    rings: list[list[int]] = []
+    totals: list[int] = []
+    for i, key in enumerate(keys[:nrates]):
         b = (int(args[4 + 2 * i]) + n - 1) // n
         c = now // b
         h: dict[str, int] = ks.get(key, now) or {}
@@ -127,6 +162,15 @@ def sliding_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: 
         size.append(b)
         current.append(c)
         newest.append(last)
+        rings.append(counts)
+        totals.append(total)
+    if partial:
+        cost = max(1, min(cost, *(int(args[3 + 2 * i]) - totals[i] for i in range(nrates))))
+    allowed = 1
+    best_limit, best_rem, best_reset, best_retry = 0, -1, 0, 0
+    for i in range(nrates):
+        limit = int(args[3 + 2 * i])
+        b, c, counts, total = size[i], current[i], rings[i], totals[i]
         rem = limit - total
         if cost > rem:
             k, freed = 0, 0
@@ -147,8 +191,8 @@ def sliding_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: 
             reset = (c + n + 1) * b - now
             if best_rem < 0 or rem < best_rem or (rem == best_rem and reset > best_reset):
                 best_limit, best_rem, best_reset = limit, rem, reset
-    if allowed == 1 and commit:
-        for i, key in enumerate(keys):
+    if (allowed == 1 and mode >= 1) or (allowed == 0 and mode == 2):
+        for i, key in enumerate(keys[:nrates]):
             c, last = current[i], newest[i]
             field = slot[c % slots]
             ring: dict[str, int] | None = ks.get(key, now)
@@ -164,26 +208,40 @@ def sliding_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: 
             ring[field] = cost
             ring["c"] = c
             ks.pexpireat(key, ceil_div((c + n + 1) * size[i], 1000))
-    return [allowed, best_limit, best_rem, best_reset, best_retry, now]
+    return [allowed, best_limit, best_rem, best_reset, best_retry, now, allowed * cost]
 
 
 # -- lua/token_bucket.lua ------------------------------------------------------------------
 
 
 def token_bucket(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
-    cost, commit = int(args[0]), int(args[1]) == 1
     burst, interval = int(args[2]), int(args[3])
+    wait = _blocked(ks, keys[1], now)
+    if wait:
+        return [0, burst, 0, wait, wait, now, 0]
+    cost = int(args[0])
+    mode, partial = _mode(args[1])
+    max_wait = int(args[4]) if len(args) > 4 else 0
     tat = ks.get(keys[0], now) or 0
     if tat < now:
         tat = now
     capacity = burst * interval
+    if partial:
+        cost = max(1, min(cost, (capacity - (tat - now)) // interval))
     new_tat = tat + cost * interval
     if new_tat - now > capacity:
         retry = new_tat - capacity - now
-        return [0, burst, (capacity - (tat - now)) // interval, tat - now, retry, now]
-    if commit:
+        if mode == 1 and retry <= max_wait:
+            ks.set(keys[0], new_tat, ceil_div(new_tat, 1000))
+            return [1, burst, 0, capacity, retry, now, cost]
+        if mode == 2:
+            pushed = min(new_tat, now + 2 * capacity)
+            if pushed > tat:
+                ks.set(keys[0], pushed, ceil_div(pushed, 1000))
+        return [0, burst, (capacity - (tat - now)) // interval, tat - now, retry, now, 0]
+    if mode >= 1:
         ks.set(keys[0], new_tat, ceil_div(new_tat, 1000))
-    return [1, burst, (capacity - (new_tat - now)) // interval, new_tat - now, 0, now]
+    return [1, burst, (capacity - (new_tat - now)) // interval, new_tat - now, 0, now, cost]
 
 
 # -- lua/delete.lua ------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from .base import (
     observed,
     translate,
 )
-from .endpoint import Endpoint, endpoint
+from .endpoint import Endpoint, check_server, endpoint
 from .pubsub import DedicatedPubSub
 from .wire import Link, ReplyError, pack
 
@@ -212,13 +212,34 @@ class RedisStore(_OnClient):
 
 
 class ClientStore(_OnClient):
-    """Runs scripts through a client the application passed in (never closed by us)."""
+    """Runs scripts through a client the application passed in (never closed by us).
 
-    __slots__ = ()
+    Its first call checks the server once (``check_server``: a bare HELLO, which changes
+    nothing on the client's connection, and TIME); a refused server is asked again by the
+    next call."""
+
+    __slots__ = ("_checked",)
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client)
+        self._checked = False
+
+    async def _check(self, client: Any) -> None:
+        try:
+            hello = await client.execute_command("HELLO")
+        except redis_errors.ResponseError as exc:
+            message = str(exc).lower()
+            if "unknown command" not in message and "wrong number" not in message:
+                raise
+            hello = None  # older than 6.2 (6.0 needs HELLO's protocol version)
+        check_server(_named(client), hello, await client.execute_command("TIME"))
+        self._checked = True
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         client = self._client
         try:
+            if not self._checked:
+                await self._check(client)
             try:
                 return await client.evalsha(script.sha, len(keys), *keys, *args)
             except redis_errors.NoScriptError:
@@ -227,6 +248,15 @@ class ClientStore(_OnClient):
                 return await client.eval(script.source, len(keys), *keys, *args)
         except TRANSLATED as exc:
             raise translate(exc, script) from exc
+
+
+def _named(client: Any) -> str:
+    """What a passed-in client's server is called in an error: its host and port."""
+    try:
+        kwargs = client.connection_pool.connection_kwargs
+        return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+    except AttributeError:
+        return "the server"
 
 
 def standalone_store(
