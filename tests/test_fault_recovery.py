@@ -212,7 +212,9 @@ async def test_a_contended_acquire_never_hangs_on_a_server_that_never_answers(
     within the subscription's 1 s and 2 x the backend's timeout (a try, then the wait for
     its cleanup release); once the server answers again the same backend acquires at
     once."""
-    bound = (1.0 + 2 * TIMEOUT if timeout is None else timeout + TIMEOUT) + MARGIN
+    # (Without a timeout three waits end back to back, each exactly at its bound: twice
+    # the margin for a loaded machine. Before the fix one call hung until HANG.)
+    bound = 1.0 + 2 * TIMEOUT + 2 * MARGIN if timeout is None else timeout + TIMEOUT + MARGIN
     async with _backend(proxy.url) as backend:
         proxy.stall()  # before any connection: the subscriber's connect stalls too
         lock = arl.Lock(key, backend=backend)
