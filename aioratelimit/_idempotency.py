@@ -49,7 +49,7 @@ from types import TracebackType
 from typing import ParamSpec, TypeVar
 
 from . import _keys, _observe, _scripts
-from ._aio import finish
+from ._aio import finish, finish_within
 from ._args import check_int, check_key, check_seconds, check_timeout, from_us, to_us
 from ._backend import Backend, get_backend
 from ._errors import (
@@ -174,7 +174,9 @@ class IdempotencyStore:
     def __repr__(self) -> str:
         return f"<IdempotencyStore name={self.name!r} ttl={self.ttl} lease={self.lease}>"
 
-    async def claim(self, key: str, fingerprint: str | bytes | None = None) -> Outcome:
+    async def claim(
+        self, key: str, fingerprint: str | bytes | None = None, *, _until: float | None = None
+    ) -> Outcome:
         """One attempt at the key: ``Claimed``, ``Replay`` or ``InProgress``.
 
         Raises ``IdempotencyKeyMismatch`` if the key holds a record of another fingerprint.
@@ -189,8 +191,13 @@ class IdempotencyStore:
             reply = await backend.run(_scripts.IDEM_CLAIM, (record,), (owner, fp, self._lease_us))
         except BaseException:
             # The script may have run before the reply was lost: give back whatever this
-            # owner may hold, rather than keep the key until the lease passes.
-            await finish(_release_quietly(Claimed(backend, key, record, channel, owner), True))
+            # owner may hold, rather than keep the key until the lease passes. Waited for
+            # at most the backend's timeout (or until ``_until``, the bound of ``wait``);
+            # its resends run on by themselves after that.
+            loop = asyncio.get_running_loop()
+            left = backend.timeout if _until is None else _until - loop.time()
+            cleanup = _release_quietly(Claimed(backend, key, record, channel, owner), True)
+            await finish_within(cleanup, left)
             raise
         code = reply[0]
         if _observe.recorder is not None:
@@ -210,12 +217,37 @@ class IdempotencyStore:
         self, key: str, fingerprint: str | bytes | None = None, timeout: float | None = None
     ) -> Outcome:
         """``claim``, and while another owner holds the key, wait for its completion or
-        release (woken by pub/sub) and claim again. ``InProgress`` only after ``timeout``."""
+        release (woken by pub/sub) and claim again. ``InProgress`` only after ``timeout``.
+
+        Returns or raises within ``timeout`` + the backend's timeout, whatever the network
+        does (past it, ``BackendUnavailable``)."""
         timeout = check_timeout(timeout)
-        outcome = await self.claim(key, fingerprint)
+        backend = self._backend or get_backend()
+        loop = asyncio.get_running_loop()
+        until = None if timeout is None else loop.time() + timeout + backend.timeout
+        bound = asyncio.timeout_at(until)
+        try:
+            async with bound:
+                return await self._wait(backend, key, fingerprint, timeout, until)
+        except TimeoutError as exc:
+            if not bound.expired():
+                raise
+            raise BackendUnavailable(
+                f"Redis did not answer in time: waiting for idempotency key {key!r} took"
+                f" over timeout + the backend's timeout ({timeout} + {backend.timeout} s)"
+            ) from exc
+
+    async def _wait(
+        self,
+        backend: Backend,
+        key: str,
+        fingerprint: str | bytes | None,
+        timeout: float | None,
+        until: float | None,
+    ) -> Outcome:
+        outcome = await self.claim(key, fingerprint, _until=until)
         if not isinstance(outcome, InProgress):
             return outcome
-        backend = self._backend or get_backend()
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         _, channel = self._keys(backend, key)
@@ -223,7 +255,7 @@ class IdempotencyStore:
         # between that claim and the wait still wakes this waiter.
         async with backend.notifier.subscribe(channel, wake_all=True) as sub:
             while True:
-                outcome = await self.claim(key, fingerprint)
+                outcome = await self.claim(key, fingerprint, _until=until)
                 if not isinstance(outcome, InProgress):
                     return outcome
                 delay = min(outcome.retry_after, FALLBACK_WAIT)

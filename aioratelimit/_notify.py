@@ -11,9 +11,11 @@ stored result). A lost message is covered by the caller's own fallback timeout.
 Bounded: a new subscription waits for the server's confirmation at most ``CONFIRM_TIMEOUT``
 (the SUBSCRIBE itself, and the connect before it, run in the background, bounded by
 ``bound``: a server that accepts connections and never answers hangs nobody). A subscriber
-that stops answering (a half-open connection: no error, no message) is noticed by a PING
-every ``ping_every`` seconds: one still unanswered at the next is taken for a broken
-connection, and every channel is subscribed again on a new one.
+that stops answering (a half-open connection: no error, no message) is noticed by a probe
+every ``check_every`` seconds (``probe()``: a channel it holds subscribed again, which the
+server confirms; unlike PING it needs no ACL permission the subscriber lacks): one still
+unanswered at the next is taken for a broken connection, and every channel is subscribed
+again on a new one.
 
 Usage, race-free because the subscription is confirmed before the retry::
 
@@ -38,18 +40,12 @@ log = logging.getLogger("aioratelimit")
 #: How long a new subscription waits for the server's confirmation before going on anyway
 #: (the caller's fallback timer then covers a release it might miss).
 CONFIRM_TIMEOUT = 1.0
-#: How often the subscriber is pinged (seconds); an unanswered PING is noticed at the next.
-PING_EVERY = 5.0
+#: How often the subscriber is probed (seconds); an unanswered probe is noticed at the next.
+CHECK_EVERY = 5.0
 #: What bounds the subscriber's connect and one SUBSCRIBE when the store names nothing.
 DEFAULT_BOUND = 7.0
 
 PubSubFactory = Callable[[], Any]  # returns a redis.asyncio PubSub (or a compatible object)
-
-
-def _kind(msg: dict[str, Any]) -> object:
-    """A subscriber message's type, as text."""
-    kind = msg.get("type")
-    return kind.decode() if isinstance(kind, bytes) else kind
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:
@@ -142,19 +138,19 @@ class Notifier:
         "_subs",
         "_tasks",
         "_wanted",
+        "check_every",
         "epoch",
-        "ping_every",
     )
 
     def __init__(
         self, factory: PubSubFactory | None = None, *, bound: float = DEFAULT_BOUND
     ) -> None:
         self._factory = factory
-        # The longest a subscriber's connect and SUBSCRIBE (or PING) may take (seconds):
+        # The longest a subscriber's connect and SUBSCRIBE (or probe) may take (seconds):
         # the store's connect_timeout + timeout.
         self._bound = bound
-        #: seconds between two PINGs of the subscriber (see the module)
-        self.ping_every = PING_EVERY
+        #: seconds between two probes of the subscriber (see the module)
+        self.check_every = CHECK_EVERY
         # Acquires in flight in this process per channel (see ``arrive``).
         self._busy: dict[str, int] = {}
         self._subs: dict[str, list[Subscription]] = {}
@@ -325,10 +321,9 @@ class Notifier:
         backoff = 0.05
         assert self._wanted is not None
         loop = asyncio.get_running_loop()
-        # The subscriber last pinged, when to ping it next, and the PONGs it still owes.
-        pinged: Any = None
-        ping_at = 0.0
-        owed = 0
+        # The subscriber last probed, and when to probe it next.
+        probed: Any = None
+        check_at = 0.0
         while not self._closed:
             try:
                 if self._pubsub is None and self._subs:
@@ -340,26 +335,20 @@ class Notifier:
                         async with asyncio.timeout(1.0):
                             await self._wanted.wait()
                     continue
-                if pubsub is not pinged:  # a new subscriber: its first PING is due later
-                    pinged, owed = pubsub, 0
-                    ping_at = loop.time() + self.ping_every
-                wait = min(1.0, max(ping_at - loop.time(), 0.0))
+                if pubsub is not probed:  # a new subscriber: its first probe is due later
+                    probed = pubsub
+                    check_at = loop.time() + self.check_every
+                wait = min(1.0, max(check_at - loop.time(), 0.0))
                 msg = await pubsub.get_message(ignore_subscribe_messages=False, timeout=wait)
                 backoff = 0.05
                 if msg is not None:
-                    if _kind(msg) == "pong":
-                        owed = max(owed - 1, 0)
-                    else:
-                        self._dispatch(msg)
-                if loop.time() >= ping_at:
-                    if owed:
-                        # Half-open: no error, no answer. Start over on a new connection.
-                        raise ConnectionError(
-                            f"the subscriber did not answer PING within {self.ping_every} s"
-                        )
+                    self._dispatch(msg)
+                if loop.time() >= check_at:
+                    # Raises if the last probe got no answer (half-open: no error, no
+                    # message): the except below starts over on a new connection.
                     async with asyncio.timeout(self._bound):
-                        owed = await pubsub.ping()
-                    ping_at = loop.time() + self.ping_every
+                        await pubsub.probe()
+                    check_at = loop.time() + self.check_every
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -383,8 +372,10 @@ class Notifier:
             await self._send("subscribe", channel)
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
-        kind = _kind(msg)
+        kind = msg.get("type")
         channel = msg.get("channel")
+        if isinstance(kind, bytes):
+            kind = kind.decode()
         if isinstance(channel, bytes):
             channel = channel.decode("utf-8", "replace")
         if not isinstance(channel, str):

@@ -217,6 +217,41 @@ async def test_release_twice_raises_not_owned(backend: arl.Backend, key: str) ->
     assert not await lk.locked()
 
 
+@pytest.mark.parametrize("kind", ["lock", "semaphore"])
+async def test_a_release_whose_reply_is_lost_is_sent_again_on_every_backend(
+    backend: arl.Backend, key: str, kind: str
+) -> None:
+    """On every backend (the cluster routes the resend as any call): the first release
+    runs on the server and its reply is lost (BackendUnavailable instead): the release is
+    sent again, answers "released before", and ``release()`` returns normally; the lock
+    is free at once. (The proxy tests in test_fault_recovery cut real connections.)"""
+    resource: arl.Lock | arl.Semaphore = (
+        arl.Lock(key, ttl=30, backend=backend)
+        if kind == "lock"
+        else arl.Semaphore(key, limit=1, ttl=30, backend=backend)
+    )
+    lease = await resource.acquire(timeout=0)
+    run = backend.run
+    sent: list[Any] = []
+
+    async def lossy(script: _scripts.Script, keys: Any, args: Any) -> Any:
+        reply = await run(script, keys, args)
+        if script.name.endswith("_release"):
+            sent.append(reply)
+            if len(sent) == 1:
+                raise arl.BackendUnavailable("the reply was lost (injected)")
+        return reply
+
+    backend.run = lossy
+    try:
+        await lease.release()
+    finally:
+        backend.run = run
+    assert sent == [_scripts.Released.RELEASED, _scripts.Released.RELEASED_BEFORE]
+    again = await resource.acquire(timeout=0)
+    await again.release()
+
+
 async def test_expired_lease_release_raises_not_owned(backend: arl.Backend, key: str) -> None:
     """Releasing a lease that expired (nobody took it) raises LockNotOwned."""
     lease = await arl.Lock(key, ttl=0.05, backend=backend).acquire()

@@ -244,8 +244,12 @@ async def test_acl_user_authenticates_every_connection(
                 lk = arl.Lock(key, ttl=30, backend=b)
                 holder = await lk.acquire()
                 waiter = asyncio.create_task(lk.acquire(timeout=5))
-                await asyncio.sleep(0.2)  # the waiter has subscribed
-                subscribers = [c for c in admin.client_list() if int(c["sub"]) > 0]
+                subscribers: list[Any] = []
+                for _ in range(100):  # until the waiter has subscribed (a loaded machine)
+                    await asyncio.sleep(0.05)
+                    subscribers = [c for c in admin.client_list() if int(c["sub"]) > 0]
+                    if subscribers:
+                        break
                 await holder.release()
                 await (await waiter).release()
         assert any(c["user"] == name for c in subscribers), subscribers

@@ -47,6 +47,7 @@ class ShardedPubSub:
         self._readers: dict[Address, asyncio.Task[None]] = {}
         self._where: dict[str, Address] = {}
         self._leaving: set[str] = set()
+        self._owed: set[Address] = set()  # nodes probed that sent no message since
         self._inbox: asyncio.Queue[dict[str, Any] | BaseException] = asyncio.Queue()
         self._closed = False
 
@@ -86,13 +87,21 @@ class ShardedPubSub:
             self._leaving.add(channel)
             await pubsub.sunsubscribe(channel)
 
-    async def ping(self) -> int:
-        """PING every node connection (each PONG comes back as a message); returns how many
-        PONGs are owed. A node that never answers then fails the whole subscriber."""
-        nodes = list(self._nodes.values())
-        for pubsub in nodes:
-            await pubsub.ping()
-        return len(nodes)
+    async def probe(self) -> None:
+        """Raise ``ConnectionError`` if a node connection got no message back since the
+        last probe (the Notifier then subscribes everything again); else probe each: one
+        of its channels SSUBSCRIBEd again, which the node confirms (no PING: a
+        least-privilege ACL user may not run it)."""
+        if self._owed:
+            raise redis_errors.ConnectionError(f"no answer from {sorted(self._owed)}")
+        first: dict[Address, str] = {}
+        for channel, address in self._where.items():
+            first.setdefault(address, channel)
+        for address, channel in first.items():
+            pubsub = self._nodes.get(address)
+            if pubsub is not None:
+                self._owed.add(address)
+                await pubsub.ssubscribe(channel)
 
     async def get_message(
         self, *, ignore_subscribe_messages: bool, timeout: float
@@ -135,6 +144,7 @@ class ShardedPubSub:
             while True:
                 msg = await pubsub.get_message(ignore_subscribe_messages=False, timeout=None)
                 if msg is not None:
+                    self._owed.discard(address)  # it answers
                     self._inbox.put_nowait(msg)
         except asyncio.CancelledError:
             raise

@@ -2,8 +2,8 @@
 client passed in, valkey-py) PubSub on a dedicated one-connection pool, so it never takes
 one of the store's connections.
 
-The ``Notifier`` (``_notify``) drives it: subscribe, unsubscribe, ping, read messages; on
-any failure (or a PING left unanswered) it closes this one and builds a new one, which
+The ``Notifier`` (``_notify``) drives it: subscribe, unsubscribe, probe, read messages;
+on any failure (or a probe left unanswered) it closes this one and builds a new one, which
 connects afresh (to the promoted master, behind Sentinel).
 """
 
@@ -47,6 +47,7 @@ class DedicatedPubSub:
         client_class = aredis.Redis if family == "redis" else aredis.Valkey
         self._pubsub: Any = client_class.from_pool(self._pool).pubsub()
         self._closed = False
+        self._owed = False  # a probe sent and no message since
 
     @property
     def subscribed(self) -> bool:
@@ -63,18 +64,27 @@ class DedicatedPubSub:
     async def unsubscribe(self, channel: str) -> None:
         await self._pubsub.unsubscribe(channel)
 
-    async def ping(self) -> int:
-        """Send a PING (its PONG comes back as a message); returns how many PONGs are owed."""
-        await self._pubsub.ping()
-        return 1
+    async def probe(self) -> None:
+        """Raise ``ConnectionError`` if the last probe got no message back since; else send
+        a new one: SUBSCRIBE again a channel it holds, which the server confirms (a PING
+        would need a permission a least-privilege ACL user lacks)."""
+        if self._owed:
+            raise ConnectionError("the subscriber's connection stopped answering")
+        channels = list(self._pubsub.channels)
+        if channels:
+            self._owed = True
+            await self._pubsub.subscribe(channels[0])
 
     async def get_message(self, *, ignore_subscribe_messages: bool, timeout: float) -> Any:
         try:
-            return await self._pubsub.get_message(
+            msg = await self._pubsub.get_message(
                 ignore_subscribe_messages=ignore_subscribe_messages, timeout=timeout
             )
         except self._refused as exc:  # the server refused a subscription: say why
             raise translate(exc, None, self._errors) from exc
+        if msg is not None:
+            self._owed = False  # it answers
+        return msg
 
     async def aclose(self) -> None:
         self._closed = True
