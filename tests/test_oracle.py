@@ -323,6 +323,9 @@ Limiter = tuple[tuple[str, ...], list[tuple[Arg, ...]], list[tuple[Arg, ...]]]
 #: ARGV[2] of a limiter script (``_scripts.Mode``): peek, hit, hit counting denied hits,
 #: and each of them partial; a partial cost may be above the limit
 MODES = (0, 1, 2, 4, 5, 6)
+#: block durations: about the millisecond, and close to one another, so that a block
+#: lands just inside or outside the one in place
+BLOCKS_US = (1, 999, 1_000, 1_001, 1_500, 2_000, 2_500)
 #: a TokenBucket waiter's booking horizon (max_wait_us): none, short, a waiter without timeout
 MAX_WAITS_US = (0, 2_000, 10**15)
 
@@ -374,7 +377,7 @@ def limiter_calls(script: str, limiters: Callable[[str], list[Limiter]]) -> st.S
         for keys, args, refund_args in limiters(user):
             hits += [Call(script, keys, a) for a in args]
             resets.append(Call("delete", keys, ()))
-            blocks += [Call("limiter_block", keys[-1:], (d,)) for d in DURATIONS_US[:5]]
+            blocks += [Call("limiter_block", keys[-1:], (d,)) for d in BLOCKS_US]
             refunds += [Call(f"{script}_refund", keys[:-1], a) for a in refund_args]
     return weighted((hits, 8), (resets, 1), (blocks, 1), (refunds, 3))
 
@@ -525,6 +528,8 @@ class Oracle(RuleBasedStateMachine):
         self.seen[name, int(first)] += 1
         if name in ("fixed_window", "sliding_window", "token_bucket"):
             ahead = [reply[3], reply[4]]  # reset_after_us, retry_after_us
+        elif name == "limiter_block":
+            ahead = [reply[0]]  # the block's end
         elif name == "idem_claim" and first in (0, 1):
             ahead = [reply[1] - now if first == 0 else reply[1]]  # the lease's end
         else:
@@ -897,3 +902,45 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     # The oracle's tokens and owners look like the library's.
     for drawn in (token, owner, second, *TOKENS):
         assert re.fullmatch(r"[A-Za-z0-9_-]{22}", drawn), drawn
+
+
+def test_a_booking_fits_exactly_within_its_max_wait() -> None:
+    """A TokenBucket booking whose slot is exactly max_wait_us away is booked, one a
+    microsecond further is denied, and a block ends on its microsecond, on the Lua and on
+    the twin alike (instants the random histories seldom land on)."""
+    clock = Clock()
+    loop = asyncio.new_event_loop()
+    store = MemoryStore(clock=clock)
+    keys = bucket_keys("u", R4, 1)  # burst 1: one token per 2 000 µs
+    interval = interval_us(R4)
+    with frozen(clock):
+        client = fake_redis()
+        script = SCRIPTS["token_bucket"]
+
+        def both(args: tuple[Arg, ...]) -> Any:
+            lua = client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+            twin = loop.run_until_complete(store.run(script, keys, args))
+            assert normal(twin) == normal(lua), (args, twin, lua)
+            return normal(lua)
+
+        try:
+            assert both((1, 1, 1, interval))[0] == 1  # the one token
+            clock.now_us += 500
+            retry = interval - 500
+            assert both((1, 1, 1, interval, retry - 1))[:1] == [0]
+            booked = both((1, 1, 1, interval, retry))
+            assert booked[0] == 1
+            assert booked[4] == retry
+            # A block ends on its microsecond: denied one before, decided as usual at it.
+            block = SCRIPTS["limiter_block"]
+            lua = client.execute_command("EVALSHA", block.sha, 1, keys[1], 777)  # type: ignore[no-untyped-call]
+            twin = loop.run_until_complete(store.run(block, keys[1:], (777,)))
+            assert normal(twin) == normal(lua)
+            clock.now_us += 776
+            assert both((1, 0, 1, interval))[:5] == [0, 1, 0, 1, 1]
+            clock.now_us += 1
+            assert both((1, 0, 1, interval))[4] != 1
+        finally:
+            client.close()
+            loop.run_until_complete(store.aclose())
+            loop.close()
