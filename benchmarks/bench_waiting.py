@@ -7,7 +7,8 @@ deletes them at the end)::
 
 Three processes share one key of ``20/second`` whose limit was just used up, and each
 sends ``PER_PROCESS`` requests at once with ``acquire(key, wait=True)`` (the throttled
-outbound case: every request must go out, as soon as the limit allows). Two waiters side by side, in the same repetitions:
+outbound case: every request must go out, as soon as the limit allows). Two waiters side
+by side, in the same repetitions:
 
 - **retry**: what ``wait=True`` did before (every waiter sleeps ``retry_after``, wakes with
   all the others and tries again);
