@@ -1,10 +1,11 @@
 """Rate limiters: ``FixedWindow``, ``SlidingWindow`` and ``TokenBucket`` (GCRA).
 
 Each decision is one script run (``lua/fixed_window.lua``, ``lua/sliding_window.lua``,
-``lua/token_bucket.lua``) over one key per (user key, rate) and the key's block, all under
-the user key's hash tag. The three classes share everything but the scripts and their
-arguments: validation, key building, the reply-to-``Decision`` decoding, blocks and refunds
-(one script each), the context manager and the decorator; waiting is ``_waiting``.
+``lua/token_bucket.lua``) over one key per (user key, rate), and the key's block for a
+limiter made with ``blockable=True``, all under the user key's hash tag. The three classes
+share everything but the scripts and their arguments: validation, key building, the
+reply-to-``Decision`` decoding, blocks and refunds (one script each), the context manager
+and the decorator; waiting is ``_waiting``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Limiter:
     __slots__ = (
         "_args",
         "_backend",
+        "_blockable",
         "_head_id",
         "_hit_mode",
         "_max_cost",
@@ -58,7 +60,11 @@ class Limiter:
     _reserves = False
 
     def __init__(
-        self, backend: Backend | None, name: str | None, count_denied: bool = False
+        self,
+        backend: Backend | None,
+        name: str | None,
+        count_denied: bool = False,
+        blockable: bool = False,
     ) -> None:
         if type(self) is Limiter:
             raise TypeError("Limiter is a base: use FixedWindow, SlidingWindow or TokenBucket")
@@ -68,6 +74,11 @@ class Limiter:
             check_key(name, "name")
         if not isinstance(count_denied, bool):
             raise TypeError(f"count_denied must be a bool, not {type(count_denied).__name__}")
+        if not isinstance(blockable, bool):
+            raise TypeError(f"blockable must be a bool, not {type(blockable).__name__}")
+        # Its hits read the key's block (one more key and GET per hit: opt-in, and a
+        # one-rate hit stays a one-key script, served during a cluster slot migration).
+        self._blockable = blockable
         self._backend = backend
         self.name = name
         #: a denied hit counts too (brute-force protection: hammering keeps the key denied)
@@ -86,12 +97,16 @@ class Limiter:
         return self._backend or get_backend()
 
     def _keys(self, backend: Backend, key: str) -> list[str]:
-        """The key's counter per rate, then its block."""
+        """The key's counter per rate, then (``blockable``) its block."""
         head = backend.heads.get(self._head_id) or backend.head(self._kind, self.name)
         suffixes = self._suffixes
         if len(suffixes) == 1:  # one rate, the common case: no comprehension frame
-            return [_keys.tagged(head, key, suffixes[0]), _keys.block(head, key)]
-        return [*(_keys.tagged(head, key, suffix) for suffix in suffixes), _keys.block(head, key)]
+            keys = [_keys.tagged(head, key, suffixes[0])]
+        else:
+            keys = [_keys.tagged(head, key, suffix) for suffix in suffixes]
+        if self._blockable:
+            keys.append(_keys.block(head, key))
+        return keys
 
     def _check_cost(self, cost: object) -> int:
         check_int(cost, "cost")
@@ -154,7 +169,12 @@ class Limiter:
     async def block(self, key: str, seconds: float) -> float:
         """Deny every hit for ``key`` for ``seconds``, in every process (one script; the
         block key expires when it ends). A longer block in place is kept. Hits denied by a
-        block are not counted; ``reset`` lifts it. Answers the seconds the block runs."""
+        block are not counted; ``reset`` lifts it. Answers the seconds the block runs.
+
+        Only for a limiter made with ``blockable=True`` (its hits read the block), in every
+        process that uses it."""
+        if not self._blockable:
+            raise TypeError(f"{self!r} was not made with blockable=True: its hits read no block")
         check_key(key)
         block_us = to_us(check_seconds(seconds, "seconds"))
         backend = self._backend or get_backend()
@@ -171,7 +191,7 @@ class Limiter:
         check_key(key)
         cost = self._check_cost(cost)
         backend = self._backend or get_backend()
-        rate_keys = self._keys(backend, key)[:-1]
+        rate_keys = self._keys(backend, key)[: len(self._suffixes)]
         reply = await backend.run(self._refund_script, rate_keys, (cost, *self._refund_args))
         await self._invalidate(key)
         return int(reply[0])
@@ -293,8 +313,9 @@ class FixedWindow(Limiter):
         backend: Backend | None = None,
         name: str | None = None,
         count_denied: bool = False,
+        blockable: bool = False,
     ):
-        super().__init__(backend, name, count_denied)
+        super().__init__(backend, name, count_denied, blockable)
         self.rates = _rates(rates)
         self._suffixes = tuple(_keys.rate_suffix(r.limit, r.window_us) for r in self.rates)
         self._args = tuple(v for r in self.rates for v in (r.limit, r.window_us))
@@ -324,8 +345,9 @@ class SlidingWindow(Limiter):
         backend: Backend | None = None,
         name: str | None = None,
         count_denied: bool = False,
+        blockable: bool = False,
     ):
-        super().__init__(backend, name, count_denied)
+        super().__init__(backend, name, count_denied, blockable)
         self.rates = _rates(rates)
         self.buckets = check_int(buckets, "buckets")
         if buckets > MAX_BUCKETS:
@@ -363,8 +385,9 @@ class TokenBucket(Limiter):
         backend: Backend | None = None,
         name: str | None = None,
         count_denied: bool = False,
+        blockable: bool = False,
     ):
-        super().__init__(backend, name, count_denied)
+        super().__init__(backend, name, count_denied, blockable)
         self.rate = as_rate(rate)
         self.burst = self.rate.limit if burst is None else check_int(burst, "burst")
         interval = -(-self.rate.window_us // self.rate.limit)

@@ -91,13 +91,20 @@ def configs(draw: st.DrawFn, kind: str) -> Config:
 def build(config: Config, backend: arl.Backend, name: str, count_denied: bool) -> Any:
     kind, rates, extra = config
     if kind == "fixed":
-        return arl.FixedWindow(*rates, backend=backend, name=name, count_denied=count_denied)
+        return arl.FixedWindow(
+            *rates, backend=backend, name=name, count_denied=count_denied, blockable=True
+        )
     if kind == "sliding":
         return arl.SlidingWindow(
-            *rates, buckets=extra, backend=backend, name=name, count_denied=count_denied
+            *rates,
+            buckets=extra,
+            backend=backend,
+            name=name,
+            count_denied=count_denied,
+            blockable=True,
         )
     return arl.TokenBucket(
-        rates[0], burst=extra, backend=backend, name=name, count_denied=count_denied
+        rates[0], burst=extra, backend=backend, name=name, count_denied=count_denied, blockable=True
     )
 
 

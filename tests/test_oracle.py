@@ -159,20 +159,25 @@ def limiter_keys(kind: str, user: str, rates: Rates, extra: str = "") -> list[st
 
 
 def block_key(kind: str, user: str) -> str:
-    """``Limiter.block``: one key per (limiter, user key), the last KEY of every hit."""
+    """``Limiter.block``: one key per (limiter, user key), the last KEY of every hit of a
+    limiter made with ``blockable=True``."""
     return _keys.block(head(kind), user)
 
 
-def fixed_keys(user: str, rates: Rates) -> list[str]:
-    return [*limiter_keys("fw", user, rates), block_key("fw", user)]
+def blocked(kind: str, user: str, blockable: bool) -> list[str]:
+    return [block_key(kind, user)] if blockable else []
 
 
-def sliding_keys(user: str, n: int, rates: Rates) -> list[str]:
-    return [*limiter_keys("sw", user, rates, f"/{n}"), block_key("sw", user)]
+def fixed_keys(user: str, rates: Rates, blockable: bool = False) -> list[str]:
+    return [*limiter_keys("fw", user, rates), *blocked("fw", user, blockable)]
 
 
-def bucket_keys(user: str, rate: tuple[int, int], burst: int) -> list[str]:
-    return [*limiter_keys("tb", user, (rate,), f"/{burst}"), block_key("tb", user)]
+def sliding_keys(user: str, n: int, rates: Rates, blockable: bool = False) -> list[str]:
+    return [*limiter_keys("sw", user, rates, f"/{n}"), *blocked("sw", user, blockable)]
+
+
+def bucket_keys(user: str, rate: tuple[int, int], burst: int, blockable: bool = False) -> list[str]:
+    return [*limiter_keys("tb", user, (rate,), f"/{burst}"), *blocked("tb", user, blockable)]
 
 
 def rate_args(rates: Rates) -> tuple[int, ...]:
@@ -316,9 +321,9 @@ def costs(rates: Rates, mode: int = 1) -> list[int]:
     return [cost for cost in range(1, 6) if cost <= min(lim for lim, _ in rates)]
 
 
-#: a limiter of one user: its keys (the rates' and the block), every ARGV a hit or a peek
-#: on it may send, and every ARGV of a refund
-Limiter = tuple[tuple[str, ...], list[tuple[Arg, ...]], list[tuple[Arg, ...]]]
+#: a limiter of one user: its keys (the rates', then the block if ``blockable``), how many
+#: are the rates', every ARGV a hit or a peek on it may send, and every ARGV of a refund
+Limiter = tuple[tuple[str, ...], int, list[tuple[Arg, ...]], list[tuple[Arg, ...]]]
 
 #: ARGV[2] of a limiter script (``_scripts.Mode``): peek, hit, hit counting denied hits,
 #: and each of them partial; a partial cost may be above the limit
@@ -333,29 +338,32 @@ MAX_WAITS_US = (0, 2_000, 10**15)
 def fixed_windows(user: str) -> list[Limiter]:
     return [
         (
-            tuple(fixed_keys(user, rates)),
+            tuple(fixed_keys(user, rates, blockable)),
+            len(rates),
             [(c, mode, *rate_args(rates)) for c in costs(rates, mode)],
             [(c,) for c in costs(rates)],
         )
-        for rates, mode in product(FIXED, MODES)
+        for rates, mode, blockable in product(FIXED, MODES, (False, True))
     ]
 
 
 def sliding_windows(user: str) -> list[Limiter]:
     return [
         (
-            tuple(sliding_keys(user, n, rates)),
+            tuple(sliding_keys(user, n, rates, blockable)),
+            len(rates),
             [(c, mode, n, *rate_args(rates)) for c in costs(rates, mode)],
             [(c, n, *rate_args(rates)) for c in costs(rates)],
         )
-        for (n, rates), mode in product(SLIDING, MODES)
+        for (n, rates), mode, blockable in product(SLIDING, MODES, (False, True))
     ]
 
 
 def token_buckets(user: str) -> list[Limiter]:
     return [
         (
-            tuple(bucket_keys(user, rate, burst)),
+            tuple(bucket_keys(user, rate, burst, blockable)),
+            1,
             [(c, mode, burst, interval_us(rate)) for c in costs(((burst, 0),), mode)]
             + [
                 (c, 1, burst, interval_us(rate), w)
@@ -365,7 +373,7 @@ def token_buckets(user: str) -> list[Limiter]:
             ],
             [(c, interval_us(rate)) for c in range(1, burst + 1)],
         )
-        for (rate, burst), mode in product(BUCKETS, MODES)
+        for (rate, burst), mode, blockable in product(BUCKETS, MODES, (False, True))
     ]
 
 
@@ -374,11 +382,12 @@ def limiter_calls(script: str, limiters: Callable[[str], list[Limiter]]) -> st.S
     keys), blocks and refunds."""
     hits, resets, blocks, refunds = [], [], [], []
     for user in USERS:
-        for keys, args, refund_args in limiters(user):
+        for keys, nrates, args, refund_args in limiters(user):
             hits += [Call(script, keys, a) for a in args]
             resets.append(Call("delete", keys, ()))
-            blocks += [Call("limiter_block", keys[-1:], (d,)) for d in BLOCKS_US]
-            refunds += [Call(f"{script}_refund", keys[:-1], a) for a in refund_args]
+            if len(keys) > nrates:
+                blocks += [Call("limiter_block", keys[-1:], (d,)) for d in BLOCKS_US]
+            refunds += [Call(f"{script}_refund", keys[:nrates], a) for a in refund_args]
     return weighted((hits, 8), (resets, 1), (blocks, 1), (refunds, 3))
 
 
@@ -823,31 +832,31 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
 
     rates = (R3, R4)
     limits = [arl.Rate(lim, w / 1e6) for lim, w in rates]
-    fixed = arl.FixedWindow(*limits, backend=backend)
+    fixed = arl.FixedWindow(*limits, backend=backend, blockable=True)
     await fixed.hit("u", 2)
     await fixed.peek("u", 1)
     await fixed.reset("u")
     await fixed.hit("u", 9, partial=True)
     await fixed.refund("u", 2)
     await fixed.block("u", 0.0025)
-    expect("fixed_window", fixed_keys("u", rates), (2, 1, *rate_args(rates)))
-    expect("fixed_window", fixed_keys("u", rates), (1, 0, *rate_args(rates)))
-    expect("delete", fixed_keys("u", rates), ())
-    expect("fixed_window", fixed_keys("u", rates), (9, 5, *rate_args(rates)))
-    expect("fixed_window_refund", fixed_keys("u", rates)[:-1], (2,))
+    expect("fixed_window", fixed_keys("u", rates, True), (2, 1, *rate_args(rates)))
+    expect("fixed_window", fixed_keys("u", rates, True), (1, 0, *rate_args(rates)))
+    expect("delete", fixed_keys("u", rates, True), ())
+    expect("fixed_window", fixed_keys("u", rates, True), (9, 5, *rate_args(rates)))
+    expect("fixed_window_refund", fixed_keys("u", rates), (2,))
     expect("limiter_block", [block_key("fw", "u")], (2_500,))
     sliding = arl.SlidingWindow(*limits, buckets=7, backend=backend, count_denied=True)
     await sliding.hit("v{w}", 3)
     await sliding.refund("v{w}", 1)
     expect("sliding_window", sliding_keys("v{w}", 7, rates), (3, 2, 7, *rate_args(rates)))
-    expect("sliding_window_refund", sliding_keys("v{w}", 7, rates)[:-1], (1, 7, *rate_args(rates)))
-    bucket = arl.TokenBucket(limits[0], burst=2, backend=backend)
+    expect("sliding_window_refund", sliding_keys("v{w}", 7, rates), (1, 7, *rate_args(rates)))
+    bucket = arl.TokenBucket(limits[0], burst=2, backend=backend, blockable=True)
     await bucket.hit("u")
     await bucket.refund("u")
     await bucket.acquire("u", 2, wait=True, timeout=0)
-    expect("token_bucket", bucket_keys("u", R3, 2), (1, 1, 2, interval_us(R3)))
-    expect("token_bucket_refund", bucket_keys("u", R3, 2)[:-1], (1, interval_us(R3)))
-    expect("token_bucket", bucket_keys("u", R3, 2), (2, 1, 2, interval_us(R3), 0))
+    expect("token_bucket", bucket_keys("u", R3, 2, True), (1, 1, 2, interval_us(R3)))
+    expect("token_bucket_refund", bucket_keys("u", R3, 2), (1, interval_us(R3)))
+    expect("token_bucket", bucket_keys("u", R3, 2, True), (2, 1, 2, interval_us(R3), 0))
 
     lock = arl.Lock("L1", ttl=0.005, backend=backend)
     lease = await lock.acquire(timeout=0)
@@ -911,7 +920,7 @@ def test_a_booking_fits_exactly_within_its_max_wait() -> None:
     clock = Clock()
     loop = asyncio.new_event_loop()
     store = MemoryStore(clock=clock)
-    keys = bucket_keys("u", R4, 1)  # burst 1: one token per 2 000 µs
+    keys = bucket_keys("u", R4, 1, blockable=True)  # burst 1: one token per 2 000 µs
     interval = interval_us(R4)
     with frozen(clock):
         client = fake_redis()
