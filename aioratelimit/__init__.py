@@ -25,6 +25,7 @@ from ._errors import (
 from ._idempotent import idempotent
 from ._lease import Hold, Lease
 from ._lock import Lock, Semaphore, lock, semaphore
+from ._observe import Recorder, set_recorder
 from ._ratelimit import Admission, FixedWindow, Limiter, SlidingWindow, TokenBucket
 from ._rates import Decision, Rate
 from ._results import Serializer
@@ -55,6 +56,7 @@ __all__ = [
     "LockTimeout",
     "Rate",
     "RateLimited",
+    "Recorder",
     "ResultNotStored",
     "ResultTooLarge",
     "ScriptCall",
@@ -72,4 +74,5 @@ __all__ = [
     "issue_token",
     "lock",
     "semaphore",
+    "set_recorder",
 ]

@@ -1,6 +1,7 @@
 """The asyncio building blocks every layer uses, each with one meaning and its own tests.
 
 - ``finish(aw)``: run a cleanup to its end even if the caller is cancelled meanwhile.
+- ``finish_within(aw, seconds)``: the same, but the caller waits at most ``seconds``.
 - ``cancel_requested(base)`` / ``cancels()``: notice a cancellation that never arrived.
 - ``Gate``: at most ``size`` calls in at once, the others queued in arrival order.
 - ``Keeper(close)``: close what a store opened on a loop when that loop shuts down.
@@ -16,6 +17,7 @@ import collections
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from . import _observe
 from ._errors import BackendUnavailable
 
 T = TypeVar("T")
@@ -42,6 +44,43 @@ async def finish(aw: Awaitable[T]) -> T:
             task.exception()  # retrieved: the caller's cancellation wins
         raise cancelled
     return task.result()
+
+
+#: Cleanups that ``finish_within`` left to run on by themselves (a reference each, so the
+#: loop does not lose them).
+_running_on: set[asyncio.Future[None]] = set()
+
+
+async def finish_within(aw: Awaitable[None], seconds: float) -> None:
+    """Run the cleanup ``aw`` in a task of its own, as ``finish`` does, but let the caller
+    go on after at most ``seconds`` (a bounded call whose cleanup waits for a server that
+    does not answer): the cleanup then runs on by itself. A cancellation of the caller is
+    raised once the cleanup has finished or the time is up; the cleanup's own outcome is
+    its own (it logs what it needs to)."""
+    task: asyncio.Future[None] = asyncio.ensure_future(aw)
+    loop = _running_loop()
+    end = loop.time() + max(seconds, 0.0)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        left = end - loop.time()
+        if left <= 0:
+            _running_on.add(task)
+            task.add_done_callback(_ran_on)
+            break
+        try:
+            await asyncio.wait([task], timeout=left)
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    if task.done() and not task.cancelled():
+        task.exception()  # retrieved: a cleanup reports its own failure
+    if cancelled is not None:
+        raise cancelled
+
+
+def _ran_on(task: asyncio.Future[None]) -> None:
+    _running_on.discard(task)
+    if not task.cancelled():
+        task.exception()
 
 
 def cancels() -> int:
@@ -94,9 +133,9 @@ class Gate:
             else:
                 slot.cancel()  # skipped by leave()
             if isinstance(exc, TimeoutError):
-                raise BackendUnavailable(
-                    f"no pooled connection came free within {timeout} s"
-                ) from exc
+                error = BackendUnavailable(f"no pooled connection came free within {timeout} s")
+                _observe.backend_error(error, "timeout", None)  # not through translate
+                raise error from exc
             raise
 
     def leave(self) -> None:

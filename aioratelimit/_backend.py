@@ -8,6 +8,7 @@ scheme; ``Backend(client)`` wraps a client the application already has.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
@@ -16,6 +17,7 @@ from typing import Any
 
 from . import _keys
 from ._args import check_int, check_seconds
+from ._errors import BackendUnavailable
 from ._notify import Notifier
 from ._scripts import Arg, Reply, Script
 from ._stores.base import (
@@ -32,6 +34,11 @@ log = logging.getLogger("aioratelimit")
 
 RunScript = Callable[[Script, Sequence[str], Sequence[Arg]], Awaitable[Reply]]
 
+#: How many times ``run_repeatable`` sends a script in all, at most.
+RESEND_TRIES = 4
+#: Its first pause between two tries (seconds), doubled after each.
+RESEND_PAUSE = 0.02
+
 
 class Backend:
     """One store (Redis or memory) and the key prefix shared by every primitive using it.
@@ -45,7 +52,7 @@ class Backend:
     ``asyncio.Runner``, ``uvloop.run``, pytest-asyncio), and a later loop gets fresh ones.
     """
 
-    __slots__ = ("_store", "heads", "prefix", "run", "url")
+    __slots__ = ("_store", "heads", "prefix", "run", "timeout", "url")
 
     #: ``await backend.run(script, keys, args)``: one script, atomically, in one round trip
     #: (the store's own bound method, so a decision pays no extra call layer).
@@ -58,22 +65,27 @@ class Backend:
             raise TypeError(
                 f"Backend(client) needs a redis.asyncio client, not {type(client).__name__}"
             )
-        self._setup(_wrap(client), prefix, "client://")
+        self._setup(_wrap(client), prefix, "client://", DEFAULT_TIMEOUT)
 
-    def _setup(self, store: Store, prefix: str, url: str) -> None:
+    def _setup(self, store: Store, prefix: str, url: str, timeout: float) -> None:
         self._store = store
         self.run = store.run
         self.prefix = _check_prefix(prefix)
         self.url = url
+        #: what bounds one call (seconds): the ``timeout`` of ``from_url``; for a client
+        #: passed in, the default (its own socket timeouts bound its calls)
+        self.timeout = timeout
         #: (kind, name) -> the start of that primitive's keys here: the one cache of key
         #: heads, filled by ``head`` (a hot path may read it first: a dict hit is cheaper
         #: than the call)
         self.heads: dict[tuple[str, str | None], str] = {}
 
     @classmethod
-    def _of(cls, store: Store, *, prefix: str, url: str) -> Backend:
+    def _of(
+        cls, store: Store, *, prefix: str, url: str, timeout: float = DEFAULT_TIMEOUT
+    ) -> Backend:
         self = object.__new__(cls)
-        self._setup(store, prefix, url)
+        self._setup(store, prefix, url, timeout)
         return self
 
     @classmethod
@@ -110,9 +122,7 @@ class Backend:
         timeout = check_seconds(timeout, "timeout")
         connect_timeout = check_seconds(connect_timeout, "connect_timeout")
         if url.startswith("memory://"):
-            from ._stores.memory import MemoryStore
-
-            return cls._of(MemoryStore(), prefix=prefix, url=url)
+            return memory_backend(prefix=prefix, timeout=timeout, on_call=on_call)
         build: Callable[..., Store]
         if url.startswith("redis+cluster://"):
             from ._stores.cluster import cluster_store as build
@@ -129,7 +139,49 @@ class Backend:
             on_call=on_call,
             **redis_options,
         )
-        return cls._of(store, prefix=prefix, url=url)
+        return cls._of(store, prefix=prefix, url=url, timeout=timeout)
+
+    async def run_repeatable(
+        self, script: Script, keys: Sequence[str], args: Sequence[Arg]
+    ) -> Reply:
+        """``run`` a script that is safe to send twice (``script.repeatable``: a release),
+        sent again when its reply was lost (``BackendUnavailable``: a reset, a reply that
+        never came), up to ``RESEND_TRIES`` times in all and for at most ``timeout``
+        seconds after the first failure; then the last failure is raised (and logged).
+        A release lost on a reset would otherwise hold the lock for its whole TTL.
+
+        So it returns within twice ``timeout`` (the first try's bound, then the resends'),
+        whatever the network does. A resend of a release that did arrive answers
+        "released before": the caller sees the outcome of the first.
+        """
+        if not script.repeatable:
+            raise ValueError(f"{script.name} is not safe to send twice")
+        try:
+            return await self.run(script, keys, args)
+        except BackendUnavailable as exc:
+            failure: BackendUnavailable = exc
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        pause = RESEND_PAUSE
+        for tries in range(2, RESEND_TRIES + 1):
+            if deadline - loop.time() <= pause:
+                break
+            await asyncio.sleep(pause)
+            pause *= 2
+            try:
+                async with asyncio.timeout_at(deadline):
+                    reply = await self.run(script, keys, args)
+            except BackendUnavailable as exc:
+                failure = exc
+            except TimeoutError as exc:
+                failure = BackendUnavailable(f"Redis did not answer {script.name} in time")
+                failure.__cause__ = exc
+                break
+            else:
+                log.debug("aioratelimit: %s answered at try %d", script.name, tries)
+                return reply
+        log.warning("aioratelimit: gave up sending %s again: %s", script.name, failure)
+        raise failure
 
     @property
     def store(self) -> Store:
@@ -173,6 +225,23 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"<Backend {redact(self.url)} prefix={self.prefix!r}>"
+
+
+def memory_backend(
+    *,
+    prefix: str = "arl",
+    clock: Callable[[], int] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    on_call: OnCall | None = None,
+) -> Backend:
+    """A backend on a new, empty in-process store (``memory://``): the one place that builds
+    one. ``clock`` (microseconds since the epoch, as Redis ``TIME`` answers) replaces the
+    wall clock: ``aioratelimit.testing.ManualClock`` moves only when a test says so;
+    ``on_call`` is reported every script call, as ``from_url``'s."""
+    from ._stores.memory import MemoryStore, ObservedMemoryStore
+
+    store = MemoryStore(clock) if on_call is None else ObservedMemoryStore(on_call, clock)
+    return Backend._of(store, prefix=prefix, url="memory://", timeout=timeout)
 
 
 def _wrap(client: Any) -> Store:
@@ -229,6 +298,16 @@ def get_backend() -> Backend:
     if _default is None:
         _default = Backend.from_url(_env_url())
     return _default
+
+
+def swap_default(backend: Backend | None) -> Backend | None:
+    """Install ``backend`` as the default and return the one it replaces; ``None`` leaves
+    none, so the next use builds it again from ``REDIS_URL`` (else memory://). For
+    ``aioratelimit.testing``, which puts the previous default back after a test; an
+    application calls ``configure``."""
+    global _default
+    previous, _default = _default, backend
+    return previous
 
 
 def _env_url() -> str:

@@ -1,32 +1,36 @@
-"""The ``aioratelimit`` command.
+"""The ``aioratelimit`` command: operate a deployment from a shell.
 
-``aioratelimit demo`` plays a short scene on the embedded ``memory://`` store, so it needs no
-server: a burst of concurrent requests against each limiter, then a caller that waits for its
-turn. ``aioratelimit demo --url redis://host:6379/0`` plays the same scene on a real Redis.
-Every failure the user can cause (an unreachable or malformed URL) is one line on stderr and
-exit status 2, never a traceback.
+``demo``     the limiters at work (``_cli_demo``)
+``inspect``  a key under a limiter spec, a lock, a semaphore, an idempotency key (``_cli_state``)
+``reset``    forget a key; free a lock whose holder crashed (``--force``)
+``doctor``   is this deployment ready: version, mode, scripts, clock, latency (``_cli_doctor``)
+``bench``    ours against the raw redis-py floor, sequential and concurrent (``_cli_bench``)
+
+Every command talks to ``--url``, else ``REDIS_URL``, else ``memory://``. Every failure the
+user can cause (bad input, an unreachable server) is one line on stderr and exit status 2,
+never a traceback; so is Ctrl-C (status 130) and a reader that closes the pipe early
+(``aioratelimit demo | head -1``: status 141, as a shell reports SIGPIPE).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
-import time
-import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from ._backend import Backend
-from ._errors import BackendUnavailable
-from ._ratelimit import FixedWindow, Limiter, SlidingWindow, TokenBucket
-from ._rates import Decision
-from ._urls import redact as _redact
+from ._cli_output import EXIT_USAGE, CliError, open_backend, resolve_url, table
+from ._errors import AioRateLimitError, BackendUnavailable
+from ._urls import redact
 
-#: The scene: this many concurrent requests against limits of 5 per 2 seconds.
-BURST = 12
-RATE = "5/2s"
+__all__ = ["main", "table"]
 
-EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+EXIT_PIPE = 141
+
+Command = Callable[[argparse.Namespace, Backend], Awaitable[int]]
 
 
 def _version() -> str:
@@ -36,117 +40,136 @@ def _version() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from . import _cli_bench, _cli_demo, _cli_doctor, _cli_state
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--url",
+        default=None,
+        help="backend URL (default: REDIS_URL, else memory://): redis://, rediss://, unix://,"
+        " redis+cluster://, redis+sentinel://, memory://",
+    )
+    common.add_argument("--prefix", default="arl", help="the key prefix (configure(prefix=))")
+
     parser = argparse.ArgumentParser(
         prog="aioratelimit",
         description="Distributed rate limits, locks and idempotency for asyncio on Redis.",
     )
     parser.add_argument("--version", action="version", version=f"aioratelimit {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
     demo = commands.add_parser(
         "demo",
+        parents=[common],
         help="show the rate limiters at work (no server needed)",
         description=(
-            f"A burst of {BURST} concurrent requests against FixedWindow, SlidingWindow and"
-            " TokenBucket, then a caller that waits for its turn."
+            f"A burst of {_cli_demo.BURST} concurrent requests against FixedWindow,"
+            " SlidingWindow and TokenBucket, then a caller that waits for its turn."
         ),
     )
-    demo.add_argument(
-        "--url",
-        default="memory://",
-        help="backend URL: memory:// (the default, in-process), redis://, rediss:// or unix://",
+    demo.set_defaults(run=_demo)
+
+    inspect = commands.add_parser("inspect", help="show the state of a key, lock or semaphore")
+    what = inspect.add_subparsers(dest="what", metavar="WHAT", required=True)
+    limit = what.add_parser("limit", parents=[common], help="a key under a limiter spec")
+    limit.add_argument("key")
+    _cli_state.add_limiter_spec(limit)
+    limit.set_defaults(run=_cli_state.inspect_limit)
+    lock = what.add_parser("lock", parents=[common], help="a lock's holder, fence and TTL")
+    lock.add_argument("name")
+    lock.set_defaults(run=_cli_state.inspect_lock)
+    sem = what.add_parser("semaphore", parents=[common], help="a semaphore's holders")
+    sem.add_argument("name")
+    sem.add_argument("--limit", type=int, default=None, help="its limit, to show free slots")
+    sem.set_defaults(run=_cli_state.inspect_semaphore)
+    idem = what.add_parser(
+        "idempotency", parents=[common], help="whether a key is in progress or completed"
     )
+    idem.add_argument("key")
+    idem.add_argument("--name", default=None, help="the store's name= (default none)")
+    idem.add_argument(
+        "--show-result", action="store_true", help="print the stored result (may hold data)"
+    )
+    idem.set_defaults(run=_cli_state.inspect_idempotency)
+
+    reset = commands.add_parser("reset", help="forget a key; free a lock a crashed process held")
+    what = reset.add_subparsers(dest="what", metavar="WHAT", required=True)
+    limit = what.add_parser("limit", parents=[common], help="forget a key's hits")
+    limit.add_argument("key")
+    _cli_state.add_limiter_spec(limit)
+    limit.set_defaults(run=_cli_state.reset_limit)
+    lock = what.add_parser("lock", parents=[common], help="free a lock whatever holds it")
+    lock.add_argument("name")
+    lock.add_argument("--force", action="store_true", help="free it (asks first)")
+    lock.add_argument("--yes", action="store_true", help="do not ask")
+    lock.set_defaults(sync=_cli_state.reset_lock)
+
+    doctor = commands.add_parser(
+        "doctor", parents=[common], help="check a deployment is ready (exit 0) or not (1)"
+    )
+    doctor.add_argument("--timeout", type=float, default=2.0, help="seconds for each answer (2.0)")
+    doctor.set_defaults(own=_cli_doctor.main)
+
+    bench = commands.add_parser(
+        "bench", parents=[common], help="ours against the raw redis-py floor, on one server"
+    )
+    bench.add_argument("--seconds", type=float, default=1.0, help="per measurement (1.0)")
+    bench.add_argument("--concurrency", type=int, default=50, help="concurrent callers (50)")
+    bench.set_defaults(run=_cli_bench.bench, check=_cli_bench.check)
     return parser
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> str:
-    """Plain-text columns: the first left-aligned, the others (numbers) right-aligned."""
-    widths = [max(len(r[i]) for r in (headers, *rows)) for i in range(len(headers))]
+async def _demo(args: argparse.Namespace, backend: Backend) -> int:
+    from ._cli_demo import demo
 
-    def line(cells: Sequence[str]) -> str:
-        first = cells[0].ljust(widths[0])
-        rest = (c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True))
-        return indent + "  ".join((first, *rest)).rstrip()
-
-    rule = indent + "  ".join("-" * w for w in widths)
-    return "\n".join([line(headers), rule, *(line(r) for r in rows)])
-
-
-async def _burst(limiter: Limiter, key: str) -> list[Decision]:
-    """``BURST`` concurrent hits; the first error (if any) is raised once all have ended."""
-    results = await asyncio.gather(
-        *(limiter.hit(key) for _ in range(BURST)), return_exceptions=True
-    )
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
-    return [r for r in results if isinstance(r, Decision)]
-
-
-def _row(label: str, decisions: Sequence[Decision]) -> list[str]:
-    admitted = sum(d.allowed for d in decisions)
-    denied = [d.retry_after for d in decisions if not d.allowed]
-    retry = f"{min(denied):.3f} s" if denied else "-"
-    return [label, str(admitted), str(len(denied)), retry]
-
-
-async def demo(backend: Backend) -> None:
-    """The scene, printed as it plays; raises ``BackendUnavailable`` if the store fails."""
-    started = time.monotonic()
-    key = f"demo-{uuid.uuid4().hex[:8]}"  # a fresh key: reruns never see old counts
-    limiters: list[tuple[str, Limiter]] = [
-        (f"FixedWindow {RATE}", FixedWindow(RATE, backend=backend, name="demo")),
-        (f"SlidingWindow {RATE}", SlidingWindow(RATE, backend=backend, name="demo")),
-        ("TokenBucket 1/2s burst=5", TokenBucket("1/2s", burst=5, backend=backend, name="demo")),
-    ]
-    label, fixed = limiters[0]
-    # One round trip first, so an unreachable server fails before anything is printed.
-    await fixed.peek(key)
-    where = _redact(backend.url)
-    if where.startswith("memory://"):
-        where += " (the embedded store: limits are per process)"
-    print(f"aioratelimit {_version()} demo on {where}")
-
-    print(f"\n1. A burst of {BURST} concurrent requests for key {key!r}, on each limiter:\n")
-    rows = [_row(name, await _burst(limiter, key)) for name, limiter in limiters]
-    print(table(["limiter", "admitted", "denied", "retry after"], rows))
-
-    before = await fixed.peek(key)
-    print(f"\n2. One more caller, with wait=True, on {label}:")
-    print(f"   denied now, retry after {before.retry_after:.3f} s; it sleeps that long,")
-    t0 = time.monotonic()
-    async with fixed(key, wait=True, timeout=30.0) as decision:
-        waited = time.monotonic() - t0
-        print(
-            f"   without polling, and gets through after {waited:.3f} s"
-            f" ({decision.remaining} remaining in the new window)."
-        )
-    print(f"\nDone in {time.monotonic() - started:.1f} s.")
-
-
-async def _run_demo(url: str) -> int:
-    try:
-        backend = Backend.from_url(url)
-    except (ValueError, TypeError) as exc:
-        return _fail(f"invalid --url {_redact(url)!r}: {exc}")
-    async with backend:
-        try:
-            await demo(backend)
-        except BackendUnavailable as exc:
-            return _fail(f"backend {_redact(url)} unavailable: {exc}")
+    await demo(backend)
     return 0
+
+
+async def _run(command: Command, args: argparse.Namespace, backend: Backend) -> int:
+    async with backend:
+        return await command(args, backend)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    url, source = resolve_url(args.url)
+    args.url, args.url_source = url, source
+    own: Callable[[argparse.Namespace], int] | None = getattr(args, "own", None)
+    if own is not None:  # builds its own backend
+        return own(args)
+    check: Callable[[argparse.Namespace], None] | None = getattr(args, "check", None)
+    if check is not None:
+        check(args)  # bad input: raised before any backend exists
+    backend = open_backend(url, args.prefix)
+    sync = getattr(args, "sync", None)
+    if sync is not None:
+        return int(sync(args, backend))
+    return asyncio.run(_run(args.run, args, backend))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The console script ``aioratelimit``: returns the exit status."""
     args = _parser().parse_args(argv)
     try:
-        if args.command == "demo":
-            return asyncio.run(_run_demo(args.url))
+        return _dispatch(args)
     except KeyboardInterrupt:
-        return 130
-    return 0
+        return _fail("interrupted", EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        # The reader left (``| head -1``): stop quietly. Point stdout at /dev/null, so the
+        # interpreter's last flush at exit cannot raise the same error again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_PIPE
+    except CliError as exc:
+        return _fail(str(exc))
+    except BackendUnavailable as exc:
+        return _fail(f"backend {redact(args.url)} unavailable: {exc}")
+    except AioRateLimitError as exc:
+        return _fail(f"backend {redact(args.url)}: {exc}")
+    except (ValueError, TypeError) as exc:
+        return _fail(str(exc))
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, status: int = EXIT_USAGE) -> int:
     print(f"aioratelimit: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
+    return status

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import ParamSpec, TypeVar
 
-from . import _keys, _scripts
+from . import _keys, _observe, _scripts
 from ._aio import finish
 from ._args import check_int, check_key, check_seconds, check_timeout, from_us, to_us
 from ._backend import Backend, get_backend
@@ -193,6 +193,8 @@ class IdempotencyStore:
             await finish(_release_quietly(Claimed(backend, key, record, channel, owner), True))
             raise
         code = reply[0]
+        if _observe.recorder is not None:
+            _observe.claimed(self.name, code)
         if code == Claim.COMPLETED:  # first: the hot path
             payload = reply[1]
             if type(payload) is not bytes:
@@ -325,7 +327,9 @@ class Running:
 
 async def _release(claimed: Claimed) -> bool:
     claimed._stop_renewal()
-    reply = await claimed._backend.run(
+    # Sent again if its reply is lost (a reset): a lost release would keep the key
+    # "in progress" until its lease passes. Owner-fenced, so a repeat changes nothing.
+    reply = await claimed._backend.run_repeatable(
         _scripts.IDEM_RELEASE, (claimed._record,), (claimed.owner, *claimed._wake)
     )
     claimed.settled = True

@@ -5,7 +5,9 @@ A ``Lease`` keeps the acquisition's random token and the resource's ``Names``; o
 extend or release what it holds. ``Hold`` (``async with arl.lock(...)``) renews the lease in
 the background (``Renewal``) and turns a lost lease into the cancellation of the block and
 ``LockLost``. Every release is safe to send twice (``lua/lock_release.lua`` leaves a
-tombstone), so a release whose reply was lost with a cancellation is sent again.
+tombstone), so a release whose reply was lost (with a cancellation, or on a connection
+reset: ``Backend.run_repeatable``) is sent again, and the repeat's "released before" counts
+as the release it repeats.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
+from . import _observe
 from ._aio import cancel_requested, cancels, finish
 from ._args import check_seconds, check_timeout, to_ms
 from ._backend import Backend
@@ -111,24 +114,26 @@ class Lease:
     async def release(self) -> None:
         """Give the lock (or slot) back and wake a waiter.
 
-        Raises ``LockNotOwned`` if the lease no longer held it. Releasing twice is not an
-        error; a cancelled release is completed before the cancellation goes on.
+        Raises ``LockNotOwned`` if the lease no longer held it: it expired, was taken
+        over, or was released already by this lease. A release whose reply was lost is
+        sent again (a few times, within the backend's ``timeout``), and a repeat that finds
+        its first copy arrived counts as the release; ``BackendUnavailable`` only when no
+        try got through. A cancelled release is completed before the cancellation goes on.
         """
         if self._state is not _HELD:
-            if self._state is _RELEASED:
-                return
             raise LockNotOwned(name=self.name)
         names = self._names
         args = names.release_args(self._token, self.ttl)
+        run = self._backend.run_repeatable
         base = cancels()
         try:
-            code = await self._backend.run(names.release, names.owner_keys, args)
+            code = await run(names.release, names.owner_keys, args)
             cancel_requested(base)
         except asyncio.CancelledError:
             # Its reply was lost with the cancellation: send it again (a repeat is
             # recognised), shielded, and only then let the cancellation go on.
             try:
-                code = await finish(self._backend.run(names.release, names.owner_keys, args))
+                code = await finish(run(names.release, names.owner_keys, args))
             except AioRateLimitError as exc:
                 log.debug("aioratelimit: release of %r after a cancellation: %r", self.name, exc)
             else:
@@ -145,7 +150,7 @@ class Lease:
         names = self._names
         args = names.release_args(self._token, self.ttl)
         try:
-            code = await self._backend.run(names.release, names.owner_keys, args)
+            code = await self._backend.run_repeatable(names.release, names.owner_keys, args)
         except AioRateLimitError as exc:
             log.debug("aioratelimit: release of lost lease %r: %r", self.name, exc)
             return
@@ -161,6 +166,8 @@ class Lease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._state is _RELEASED:
+            return  # released by hand inside the block
         try:
             await self.release()
         except LockNotOwned:
@@ -208,19 +215,25 @@ class Renewal:
             if now < due:
                 await asyncio.sleep(min(due, deadline) - now)
                 continue
+            kind = lease._names.kind
             try:
                 async with asyncio.timeout(deadline - now):
                     await lease.extend()
                 retry_at = None
             except LockNotOwned:
+                _observe.renewal(kind, _observe.REFUSED)
                 break
             except Exception as exc:  # BackendUnavailable, our timeout: retry until the deadline
                 log.debug("aioratelimit: renewal of %r failed: %r", lease.name, exc)
+                _observe.renewal(kind, _observe.FAILED)
                 retry_at = loop.time() + min(ttl / 10, RENEW_RETRY)
+            else:
+                _observe.renewal(kind, _observe.RENEWED)  # outside the try: never a failure
         if lease._state == _RELEASED:
             return  # released by hand inside the block: nothing is lost
         lease._state = _LOST
         self.lost = True
+        _observe.lost(lease._names.kind)
         self._owner.cancel()
 
     def stop(self) -> bool:
@@ -290,7 +303,7 @@ class Hold:
                 # Free it if this token still holds it after all; also where the
                 # cancellation we requested lands if the block ended before it did.
                 await finish(lease._discard())
-            else:
+            elif lease._state is not _RELEASED:  # (not released by hand in the block)
                 await lease.release()
         except asyncio.CancelledError as exc_:
             cancelled = exc_
@@ -310,6 +323,7 @@ class Hold:
         if failure is not None and exc_type is None:
             if isinstance(failure, LockNotOwned):
                 # Without renewal (or before it noticed) the lease ran out under the block.
+                _observe.lost(lease._names.kind)
                 raise LockLost(name=lease.name) from failure
             raise failure
 

@@ -15,7 +15,12 @@ try instead. A waiter holds no pooled connection.
 
 Cancellation: a cancelled or failed acquire may have reached the server with only its reply
 lost, so it is followed by a release with the same token; a cancelled release is sent again.
-Both run in a shielded task that the caller waits for, then the cancellation goes on.
+Both run in a shielded task that the caller waits for, then the cancellation goes on. A
+release whose reply was lost is sent again too (``Backend.run_repeatable``).
+
+Bounds: an acquire with ``timeout=t`` returns or raises within ``t`` plus the backend's
+``timeout`` (one call in flight when ``t`` passes), whatever the network does; past that it
+raises ``BackendUnavailable``, and a cleanup release still under way runs on by itself.
 
 What an acquisition gives back, a ``Lease``, and the ``async with`` block that renews it
 live in ``_lease``.
@@ -27,11 +32,11 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from . import _keys, _scripts
-from ._aio import cancel_requested, cancels, finish
+from . import _keys, _observe, _scripts
+from ._aio import cancel_requested, cancels, finish_within
 from ._args import check_int, check_key, check_seconds, check_timeout, to_ms
 from ._backend import Backend, get_backend
-from ._errors import AioRateLimitError, LockTimeout
+from ._errors import AioRateLimitError, BackendUnavailable, LockTimeout
 from ._lease import Hold, Lease, Names
 from ._scripts import Arg, Reply, Script
 
@@ -105,6 +110,11 @@ class _Resource:
         ``LockTimeout``. The lease does not renew itself: ``extend`` it, or use
         ``async with arl.lock(...)`` / ``arl.semaphore(...)`` for automatic renewal.
         """
+        if _observe.recorder is not None:
+            return await _observe.acquire(self._kind, self._acquire(timeout))
+        return await self._acquire(timeout)
+
+    async def _acquire(self, timeout: float | None) -> Lease:
         if timeout is not None:
             timeout = check_timeout(timeout)
         backend = self._backend or get_backend()
@@ -114,28 +124,46 @@ class _Resource:
         args = self._acquire_args(token, to_ms(ttl))
         base = cancels()
         notifier = backend.notifier
+        loop = asyncio.get_running_loop()
+        # The bound of the whole call (see the module): None waits as long as it takes.
+        limit = None if timeout is None else loop.time() + timeout + backend.timeout
         others = notifier.arrive(names.channel)
+        bound = asyncio.timeout_at(limit)
         try:
-            if timeout != 0 and others:
-                # Another acquire of this name runs in this process: the lock is contended.
-                # Subscribe first (joining any subscription already open), then one try
-                # suffices: a release after it wakes a waiter here.
-                sent, reply = await self._wait(backend, names, args, timeout, base)
-            else:
-                sent = asyncio.get_running_loop().time()
-                reply = await self._attempt(backend, names, args, base)
-                if reply[0] != 1:
-                    if timeout == 0:
-                        raise LockTimeout(name=self.name, timeout=timeout)
-                    sent, reply = await self._wait(backend, names, args, timeout, base)
+            async with bound:
+                if timeout != 0 and others:
+                    # Another acquire of this name runs in this process: the lock is
+                    # contended. Subscribe first (joining any subscription already open),
+                    # then one try suffices: a release after it wakes a waiter here.
+                    sent, reply = await self._wait(backend, names, args, timeout, base, limit)
+                else:
+                    sent = loop.time()
+                    reply = await self._attempt(backend, names, args, base, limit)
+                    if reply[0] != 1:
+                        if timeout == 0:
+                            raise LockTimeout(name=self.name, timeout=timeout)
+                        sent, reply = await self._wait(backend, names, args, timeout, base, limit)
+        except TimeoutError as exc:
+            if not bound.expired():
+                raise
+            raise BackendUnavailable(
+                f"Redis did not answer in time: acquiring {self.name!r} took over"
+                f" timeout + the backend's timeout ({timeout} + {backend.timeout} s)"
+            ) from exc
         finally:
             notifier.depart(names.channel)
         return Lease(backend, names, token, int(reply[1]), ttl, sent)
 
     async def _attempt(
-        self, backend: Backend, names: Names, args: Sequence[Arg], base: int
+        self,
+        backend: Backend,
+        names: Names,
+        args: Sequence[Arg],
+        base: int,
+        limit: float | None,
     ) -> Reply:
-        """One acquire script; if it fails or is cancelled in flight, release its token."""
+        """One acquire script; if it fails or is cancelled in flight, release its token
+        (waiting for that at most until ``limit``, the acquire's bound)."""
         try:
             reply = await backend.run(self._acquire_script, names.acquire_keys, args)
             cancel_requested(base)
@@ -143,12 +171,16 @@ class _Resource:
         except BaseException:
             # The script may have run with only its reply lost: release the same token
             # (harmless if it never arrived: the tombstone also bars a late copy of it).
-            await finish(self._cleanup(backend, names, str(args[0])))
+            # Waited for at most the backend's timeout (or what is left of the acquire's
+            # bound); resends past that run on by themselves.
+            left = backend.timeout if limit is None else limit - asyncio.get_running_loop().time()
+            await finish_within(self._cleanup(backend, names, str(args[0])), left)
             raise
 
     async def _cleanup(self, backend: Backend, names: Names, token: str) -> None:
+        args = names.release_args(token, self.ttl)
         try:
-            await backend.run(names.release, names.owner_keys, names.release_args(token, self.ttl))
+            await backend.run_repeatable(names.release, names.owner_keys, args)
         except AioRateLimitError as exc:  # the TTL frees it in the end
             log.debug("aioratelimit: release after a failed acquire of %r: %r", self.name, exc)
 
@@ -159,6 +191,7 @@ class _Resource:
         args: Sequence[Arg],
         timeout: float | None,
         base: int,
+        limit: float | None,
     ) -> tuple[float, Reply]:
         """Subscribe, then try at every wake-up (or fallback timer) until acquired."""
         loop = asyncio.get_running_loop()
@@ -172,7 +205,7 @@ class _Resource:
                 while True:
                     cancel_requested(base)  # (one lost while subscribing or sleeping)
                     sent = loop.time()
-                    reply = await self._attempt(backend, names, args, base)
+                    reply = await self._attempt(backend, names, args, base, limit)
                     woken = False
                     if reply[0] == 1:  # {1, fence}: held
                         return sent, reply

@@ -8,6 +8,13 @@ waiter of the channel (``wake_all=False``: the oldest waiter not already woken, 
 does not stampede every task) or every waiter (``wake_all=True``, e.g. callers waiting for a
 stored result). A lost message is covered by the caller's own fallback timeout.
 
+Bounded: a new subscription waits for the server's confirmation at most ``CONFIRM_TIMEOUT``
+(the SUBSCRIBE itself, and the connect before it, run in the background, bounded by
+``bound``: a server that accepts connections and never answers hangs nobody). A subscriber
+that stops answering (a half-open connection: no error, no message) is noticed by a PING
+every ``ping_every`` seconds: one still unanswered at the next is taken for a broken
+connection, and every channel is subscribed again on a new one.
+
 Usage, race-free because the subscription is confirmed before the retry::
 
     async with backend.notifier.subscribe(channel) as sub:
@@ -20,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any
 
@@ -31,8 +38,18 @@ log = logging.getLogger("aioratelimit")
 #: How long a new subscription waits for the server's confirmation before going on anyway
 #: (the caller's fallback timer then covers a release it might miss).
 CONFIRM_TIMEOUT = 1.0
+#: How often the subscriber is pinged (seconds); an unanswered PING is noticed at the next.
+PING_EVERY = 5.0
+#: What bounds the subscriber's connect and one SUBSCRIBE when the store names nothing.
+DEFAULT_BOUND = 7.0
 
 PubSubFactory = Callable[[], Any]  # returns a redis.asyncio PubSub (or a compatible object)
+
+
+def _kind(msg: dict[str, Any]) -> object:
+    """A subscriber message's type, as text."""
+    kind = msg.get("type")
+    return kind.decode() if isinstance(kind, bytes) else kind
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:
@@ -114,6 +131,7 @@ class Notifier:
     """
 
     __slots__ = (
+        "_bound",
         "_busy",
         "_closed",
         "_confirmed",
@@ -124,10 +142,18 @@ class Notifier:
         "_subs",
         "_tasks",
         "_wanted",
+        "ping_every",
     )
 
-    def __init__(self, factory: PubSubFactory | None = None) -> None:
+    def __init__(
+        self, factory: PubSubFactory | None = None, *, bound: float = DEFAULT_BOUND
+    ) -> None:
         self._factory = factory
+        # The longest a subscriber's connect and SUBSCRIBE (or PING) may take (seconds):
+        # the store's connect_timeout + timeout.
+        self._bound = bound
+        #: seconds between two PINGs of the subscriber (see the module)
+        self.ping_every = PING_EVERY
         # Acquires in flight in this process per channel (see ``arrive``).
         self._busy: dict[str, int] = {}
         self._subs: dict[str, list[Subscription]] = {}
@@ -201,8 +227,12 @@ class Notifier:
         if confirmed is None:
             confirmed = asyncio.get_running_loop().create_future()
             self._confirmed[sub.channel] = confirmed
+            # In the background: a connect or a SUBSCRIBE that gets no answer must not hold
+            # the waiter past CONFIRM_TIMEOUT (the SUBSCRIBE is bounded by itself). Started
+            # before the reader, so that the reader finds its subscriber being built and
+            # does not build a second one.
+            self._spawn(self._send("subscribe", sub.channel))
             self._ensure_reader()
-            await self._send("subscribe", sub.channel)
         # asyncio.wait neither cancels the shared future on timeout nor, unlike wait_for
         # before Python 3.12, swallows our own cancellation when both happen at once.
         await asyncio.wait((confirmed,), timeout=CONFIRM_TIMEOUT)
@@ -224,29 +254,32 @@ class Notifier:
                 fut.cancel()
             if self._pubsub is not None and not self._closed:
                 # Fire and forget: a stale server-side subscription only costs ignored messages.
-                task = asyncio.get_running_loop().create_task(
-                    self._send("unsubscribe", sub.channel)
-                )
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._spawn(self._send("unsubscribe", sub.channel))
+
+    def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(job)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _send(self, command: str, channel: str) -> None:
         if self._closed or (self._pubsub is None and command != "subscribe"):
             return
         try:
-            fresh = self._pubsub is None
-            if fresh:
-                assert self._factory is not None
-                self._pubsub = self._factory()
-            await getattr(self._pubsub, command)(channel)
-            if fresh:
-                # A new connection (after a failure): every channel still waited on needs
-                # subscribing on it, not only this one, or the reader would not resubscribe.
-                for other in [c for c in self._subs if c != channel]:
-                    fut = self._confirmed.get(other)
-                    if fut is None or fut.done():
-                        self._confirmed[other] = asyncio.get_running_loop().create_future()
-                    await self._pubsub.subscribe(other)
+            async with asyncio.timeout(self._bound):
+                fresh = self._pubsub is None
+                if fresh:
+                    assert self._factory is not None
+                    self._pubsub = self._factory()
+                await getattr(self._pubsub, command)(channel)
+                if fresh:
+                    # A new connection (after a failure): every channel still waited on
+                    # needs subscribing on it, not only this one, or the reader would not
+                    # resubscribe.
+                    for other in [c for c in self._subs if c != channel]:
+                        fut = self._confirmed.get(other)
+                        if fut is None or fut.done():
+                            self._confirmed[other] = asyncio.get_running_loop().create_future()
+                        await self._pubsub.subscribe(other)
             if command == "subscribe" and self._wanted is not None:
                 self._wanted.set()
         except Exception as exc:  # the reader reconnects; waiters have fallback timers
@@ -271,20 +304,42 @@ class Notifier:
     async def _read_messages(self) -> None:
         backoff = 0.05
         assert self._wanted is not None
+        loop = asyncio.get_running_loop()
+        # The subscriber last pinged, when to ping it next, and the PONGs it still owes.
+        pinged: Any = None
+        ping_at = 0.0
+        owed = 0
         while not self._closed:
             try:
                 if self._pubsub is None and self._subs:
                     await self._resubscribe()
-                if self._pubsub is None or not self._wanted.is_set():
+                pubsub = self._pubsub
+                if pubsub is None or not self._wanted.is_set():
                     # Nothing subscribed yet (or the SUBSCRIBE is still under way).
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(1.0):
                             await self._wanted.wait()
                     continue
-                msg = await self._pubsub.get_message(ignore_subscribe_messages=False, timeout=1.0)
+                if pubsub is not pinged:  # a new subscriber: its first PING is due later
+                    pinged, owed = pubsub, 0
+                    ping_at = loop.time() + self.ping_every
+                wait = min(1.0, max(ping_at - loop.time(), 0.0))
+                msg = await pubsub.get_message(ignore_subscribe_messages=False, timeout=wait)
                 backoff = 0.05
                 if msg is not None:
-                    self._dispatch(msg)
+                    if _kind(msg) == "pong":
+                        owed = max(owed - 1, 0)
+                    else:
+                        self._dispatch(msg)
+                if loop.time() >= ping_at:
+                    if owed:
+                        # Half-open: no error, no answer. Start over on a new connection.
+                        raise ConnectionError(
+                            f"the subscriber did not answer PING within {self.ping_every} s"
+                        )
+                    async with asyncio.timeout(self._bound):
+                        owed = await pubsub.ping()
+                    ping_at = loop.time() + self.ping_every
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -308,10 +363,8 @@ class Notifier:
             await self._send("subscribe", channel)
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
-        kind = msg.get("type")
+        kind = _kind(msg)
         channel = msg.get("channel")
-        if isinstance(kind, bytes):
-            kind = kind.decode()
         if isinstance(channel, bytes):
             channel = channel.decode("utf-8", "replace")
         if not isinstance(channel, str):

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from . import _keys, _scripts, _waiting
+from . import _keys, _observe, _scripts, _waiting
 from ._args import check_int, check_key, check_seconds, check_timeout, from_us, to_us
 from ._backend import Backend, get_backend
 from ._errors import RateLimited
@@ -134,6 +134,10 @@ class Limiter:
         return backend.run(self._script, self._keys(backend, key), args)
 
     async def _decide(self, key: str, cost: int, mode: int, *extra: int) -> Decision:
+        if _observe.recorder is not None:
+            return await _observe.decide(
+                self.name, self._script.name, self._send, key, cost, mode, *extra
+            )
         return Decision.from_reply(await self._send(key, cost, mode, *extra))
 
     async def hit(self, key: str, cost: int = 1, *, partial: bool = False) -> Decision:
@@ -150,6 +154,9 @@ class Limiter:
             mode = self._hit_mode + _PARTIAL
         else:
             raise TypeError(f"partial must be a bool, not {type(partial).__name__}")
+        # Instrumentation off costs this one test (benchmarks/bench_observability.py).
+        if _observe.recorder is not None:
+            return await _observe.decide(self.name, self._script.name, self._send, key, cost, mode)
         return Decision.from_reply(await self._send(key, cost, mode))
 
     async def peek(self, key: str, cost: int = 1, *, partial: bool = False) -> Decision:

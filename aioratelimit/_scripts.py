@@ -28,14 +28,15 @@ Reply = Any
 
 @dataclass(frozen=True, slots=True)
 class ScriptCall:
-    """One script call as a Redis store made it (one EVALSHA; after NOSCRIPT the EVAL
-    that follows is part of the same call), handed to the backend's ``on_call`` hook once
-    it is over (see ``Backend.from_url``). It names the script, never its keys or
-    arguments: they carry the user's keys, tokens and lock names."""
+    """One script call as a store made it (one EVALSHA; after NOSCRIPT the EVAL that
+    follows is part of the same call; on memory:// the script's twin), handed to the
+    backend's ``on_call`` hook once it is over (see ``Backend.from_url``). It names the
+    script, never its keys or arguments: they carry the user's keys, tokens and lock names."""
 
     #: the script's name (the file in ``lua/``), e.g. ``"fixed_window"``
     script: str
-    #: the server that answered (or failed to): ``host:port`` or a unix socket's path
+    #: the server that answered (or failed to): ``host:port``, a unix socket's path, or
+    #: ``"memory"`` (memory://)
     server: str
     #: when the call started, nanoseconds since the epoch (``time.time_ns()``)
     start_ns: int
@@ -57,19 +58,25 @@ def _lua_dir() -> Path:
 @dataclass(frozen=True, slots=True)
 class Script:
     """One Lua file: its name (the file stem), source and SHA1, and the first two RESP
-    arguments of its EVALSHA and of its EVAL, packed once (``_connections.pack``)."""
+    arguments of its EVALSHA and of its EVAL, packed once (``_connections.pack``).
+
+    ``repeatable``: running it twice with the same arguments does what running it once
+    does, and its reply says so (a release that leaves a tombstone): the one kind of
+    script ``Backend.run_repeatable`` sends again after a lost reply.
+    """
 
     name: str
     source: str
     sha: str
     evalsha_head: bytes
     eval_head: bytes
+    repeatable: bool = False
 
     def __repr__(self) -> str:
         return f"<Script {self.name} {self.sha[:8]}>"
 
 
-def script(name: str, source: str) -> Script:
+def script(name: str, source: str, *, repeatable: bool = False) -> Script:
     """The ``Script`` for Lua ``source`` (the files in ``lua/``, or a test's own script)."""
     sha = hashlib.sha1(source.encode()).hexdigest()
     data = source.encode()
@@ -79,6 +86,7 @@ def script(name: str, source: str) -> Script:
         sha,
         b"$7\r\nEVALSHA\r\n$40\r\n%b\r\n" % sha.encode(),
         b"$4\r\nEVAL\r\n$%d\r\n%b\r\n" % (len(data), data),
+        repeatable,
     )
 
 
@@ -86,11 +94,11 @@ def _read(name: str) -> str:
     return (LUA_DIR / f"{name}.lua").read_text(encoding="utf-8")
 
 
-def _load(name: str, *, after: str | None = None) -> Script:
+def _load(name: str, *, after: str | None = None, repeatable: bool = False) -> Script:
     """The script in ``lua/<name>.lua``; with ``after``, that file's Lua first, in the same
     chunk (what several scripts share: a Redis script cannot include another)."""
     source = _read(name) if after is None else _read(after) + _read(name)
-    return script(name, source)
+    return script(name, source, repeatable=repeatable)
 
 
 LUA_DIR = _lua_dir()
@@ -146,11 +154,24 @@ class Claim(IntEnum):
 
 IDEM_RENEW = _load("idem_renew")  # 1 renewed, 0 not held by this owner
 IDEM_COMPLETE = _load("idem_complete")  # 1 stored, 0 not held by this owner
-IDEM_RELEASE = _load("idem_release")  # 1 released, 0 not held by this owner
+#: 1 released, 0 not held by this owner (also what a repeat after a lost reply answers)
+IDEM_RELEASE = _load("idem_release", repeatable=True)
+IDEM_STATE = _load("idem_state")  # {IdemState, pttl_ms, lease_left_us, result}; reads only
+
+
+class IdemState(IntEnum):
+    """The first element of ``idem_state``'s reply."""
+
+    NONE = 0  # no record
+    IN_PROGRESS = 1  # the owner's lease still runs
+    COMPLETED = 2  # a result is stored
+    ABANDONED = 3  # in progress, but the lease has passed
+
 
 #: ``{1, fence}`` held, ``{0, wait_ms}`` held by another (also ``semaphore_acquire``)
 LOCK_ACQUIRE = _load("lock_acquire")
-LOCK_RELEASE = _load("lock_release")
+#: Releases are repeatable: a repeat answers ``RELEASED_BEFORE`` (the tombstone).
+LOCK_RELEASE = _load("lock_release", repeatable=True)
 
 
 class Released(IntEnum):
@@ -165,9 +186,18 @@ class Released(IntEnum):
 LOCK_EXTEND = _load("lock_extend")  # 1 extended, 0 not held by the token
 LOCK_LOCKED = _load("lock_locked")  # 1 held, 0 free
 SEMAPHORE_ACQUIRE = _load("semaphore_acquire", after="semaphore_common")
-SEMAPHORE_RELEASE = _load("semaphore_release", after="semaphore_common")
+SEMAPHORE_RELEASE = _load("semaphore_release", after="semaphore_common", repeatable=True)
 SEMAPHORE_EXTEND = _load("semaphore_extend", after="semaphore_common")
 SEMAPHORE_HOLDERS = _load("semaphore_holders")  # the number of live holders
+
+# What an operator reads and forces (``aioratelimit inspect``, ``reset --force``, ``doctor``).
+LOCK_HOLDER = _load("lock_holder")  # {held 1/0, fence, pttl_ms}; reads only
+LOCK_FORCE_RELEASE = _load("lock_force_release")  # {1, fence} released, {0, 0} not held
+SEMAPHORE_LIST = _load("semaphore_list")  # {fence, ttl_ms, ...} per live holder; reads only
+SERVER_CHECK = _load("server_check")  # {time_s, time_us, version, mode, undeclared}
+
+#: The oldest Redis the scripts run on (the one place it is written: ``doctor`` reads it).
+MIN_REDIS_VERSION = (7, 0)
 
 
 #: Every script by name: what the memory store must have a twin for (a test checks it).

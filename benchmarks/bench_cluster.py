@@ -223,7 +223,6 @@ async def bus_messages(url: str, prefix: str) -> dict[str, float]:
         await rc.aclose()
 
 
-
 def report(figures: Sequence[dict[str, float]], cluster: str | None, bus: dict[str, float]) -> None:
     base = column(figures, STANDALONE)
     rows = []

@@ -168,6 +168,7 @@ class Hitters:
         sha, argv = limiter._script.sha, (1, 1, *limiter._args)
 
         async def op(i: int) -> None:
+            # The counter only: a limiter without blockable=True sends no block key.
             reply = await client.evalsha(sha, 1, f"{head}{i % keys}", *argv)
             admitted[name] += reply[0]
 
@@ -409,7 +410,6 @@ async def memory_usage(url: str, prefix: str) -> list[list[str]]:
 
 
 # -- report --------------------------------------------------------------------------------
-
 
 
 def report(

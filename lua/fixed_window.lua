@@ -16,6 +16,14 @@
 -- Reply: {allowed (1/0), limit, remaining, reset_after_us, retry_after_us, now_us, granted}
 --   for the tightest rate; now_us is the server clock (TIME) the decision used; granted is
 --   the cost admitted (0 when denied; with partial, retry_after_us is for a cost of 1).
+--   reset_after_us and retry_after_us never exceed the rate's window_us (a live block's
+--   answer is the block's end): a window's end is stored in whole ms, rounded up (PXAT
+--   ceil), so for its first ms it lies up to 999 µs past first hit + window_us; the reply
+--   says window_us then (the caller's waiter sleeps 1 ms more than it is told).
+--
+-- Commands: GET, INCRBY, SET PXAT (6.2), TIME, and PEXPIRETIME (7.0) where the server has
+-- it, else PTTL: Redis 7.0+ (and Valkey) set redis.REDIS_VERSION_NUM, 6.2 does not. On 6.2
+-- the end is read in whole ms from the server's ms clock (PTTL), taken as the ms of TIME.
 local cost = tonumber(ARGV[1])
 local mode = tonumber(ARGV[2])
 local partial = mode >= 4
@@ -26,6 +34,23 @@ local nrates = (#ARGV - 2) / 2
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+-- The end of the window of a live key (µs; <= 0 when it has no expiry).
+local window_end
+if redis.REDIS_VERSION_NUM then
+  window_end = function(key)
+    return redis.call('PEXPIRETIME', key) * 1000
+  end
+else
+  local now_ms = now - now % 1000
+  window_end = function(key)
+    local ttl = redis.call('PTTL', key)
+    if ttl < 0 then
+      return ttl * 1000
+    end
+    return now_ms + ttl * 1000
+  end
+end
 
 local block = #KEYS > nrates and redis.call('GET', KEYS[#KEYS])
 if block and tonumber(block) > now then
@@ -42,8 +67,12 @@ if nrates == 1 and not partial then
   local key, limit = KEYS[1], tonumber(ARGV[3])
   local count = redis.call('GET', key)
   if count then
-    local reset = redis.call('PEXPIRETIME', key) * 1000 - now
+    local reset = window_end(key) - now
     if reset > 0 then
+      local window = tonumber(ARGV[4])
+      if reset > window then
+        reset = window
+      end
       local rem = limit - tonumber(count)
       if cost > rem then
         if count_denied then
@@ -74,7 +103,7 @@ for i = 1, nrates do
   local count = tonumber(redis.call('GET', KEYS[i]) or '0')
   local ends_at = 0
   if count > 0 then
-    ends_at = redis.call('PEXPIRETIME', KEYS[i]) * 1000
+    ends_at = window_end(KEYS[i])
   end
   -- The script decides expiry on its own clock, so a window that ended a moment before
   -- Redis lazily removes the key counts as ended here too.
@@ -101,6 +130,10 @@ for i = 1, nrates do
   local limit = tonumber(ARGV[1 + 2 * i])
   local rem = limit - counts[i]
   local reset = ends[i] - now
+  local window = tonumber(ARGV[2 + 2 * i])
+  if reset > window then
+    reset = window
+  end
   if cost > rem then
     -- Denied: the tightest rate is the one that keeps the caller waiting longest.
     if allowed == 1 or reset > best_retry then

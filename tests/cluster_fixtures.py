@@ -27,7 +27,7 @@ from pathlib import Path
 import redis
 import redis.cluster
 import redis.sentinel
-from servers import REDIS_SERVER, RedisServer, check_permitted, free_port, scratch_dir
+from servers import REDIS_SERVER, RedisServer, check_permitted, free_port, scratch_dir, spawn
 
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
 SERVICE = "arl-test"
@@ -194,11 +194,7 @@ class _Sentinel:
 
     def start(self) -> None:
         check_permitted("sentinel")
-        self.proc = subprocess.Popen(
-            [REDIS_SERVER, str(self.conf), "--sentinel"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        self.proc = spawn([REDIS_SERVER, str(self.conf), "--sentinel"])
 
     def client(self) -> redis.Redis:
         return redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1)

@@ -31,6 +31,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 
 import hypothesis  # noqa: F401  (imported early: a late import trips a CPython 3.11 AST bug)
+import jobs
 import loops
 import pytest
 import redis
@@ -138,8 +139,14 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
         permit(None)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the selected tests' background jobs (jobs.py), and run those tests last."""
+    jobs.start(session.items)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Remove the servers' folders (logs, cluster configs) once every server has stopped."""
+    jobs.stop()
     remove_scratch()
 
 

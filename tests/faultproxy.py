@@ -12,6 +12,8 @@ method calls that return once the proxy has applied them::
         proxy.reset_after(replies=3, into=5)  # RST 5 bytes into the 3rd reply from now
         proxy.chaos(random.Random(1))      # such cuts again and again, at random points
         proxy.drop_reply(commands={"EVALSHA"})  # swallow the next reply to an EVALSHA
+        proxy.stall_subscribers()          # half-open: the connections that subscribed only
+        proxy.refuse()                     # new connections end before reaching the server
         proxy.stats()                      # counters: connections, replies, commands, ...
 
 Faults are counted in server replies, which the proxy finds with ``hiredis.Reader`` (fed up
@@ -159,6 +161,9 @@ class _Pipe:
 
     async def _connect(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.proxy._refusing:
+            self.close()  # as if nothing listened upstream
+            return
         try:
             await loop.create_connection(
                 lambda: _Side(self, upstream=True),
@@ -275,6 +280,7 @@ class FaultProxy:
         self._pipes: set[_Pipe] = set()
         # What the proxy loop reads and writes (control calls run there too).
         self._stalled = False
+        self._refusing = False
         self._cut: _Cut | None = None
         self._chaos: tuple[random.Random, tuple[int, int], tuple[int, int]] | None = None
         self._drops = 0
@@ -375,10 +381,32 @@ class FaultProxy:
         def apply() -> None:
             self._cut = self._chaos = None
             self._drops = 0
-            if self._stalled:
-                self._stalled = False
-                for pipe in list(self._pipes):
-                    pipe.resume()
+            self._refusing = False
+            self._stalled = False
+            for pipe in list(self._pipes):
+                pipe.resume()
+
+        self._call(apply)
+
+    def stall_subscribers(self) -> int:
+        """A half-open subscriber: forward nothing either way on the connections that
+        subscribed (open now) until ``passthrough``; the others, and new ones, pass.
+        Returns how many were stalled."""
+
+        def apply() -> int:
+            pipes = [pipe for pipe in self._pipes if pipe.subscribed]
+            for pipe in pipes:
+                pipe.pause()
+            return len(pipes)
+
+        return self._call(apply)
+
+    def refuse(self) -> None:
+        """New connections are accepted and then closed before anything reaches the server
+        (what the client wrote on them is lost), until ``passthrough``."""
+
+        def apply() -> None:
+            self._refusing = True
 
         self._call(apply)
 

@@ -62,6 +62,19 @@ def check_permitted(kind: str) -> None:
         )
 
 
+#: ``setpriv --pdeathsig KILL`` (util-linux) before a server's command: the kernel kills the
+#: server when the test process dies, however it dies (a lane's timeout kills pytest with
+#: SIGKILL; a server left running would hold its port and memory until the machine stops).
+_DIE_WITH_US = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
+
+
+def spawn(args: list[str]) -> subprocess.Popen[bytes]:
+    """Start a server process (its output discarded) that dies with this process."""
+    return subprocess.Popen(
+        [*_DIE_WITH_US, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -101,7 +114,7 @@ class RedisServer:
             "--logfile", str(self.dir / "redis.log"),
             *self.extra,
         ]  # fmt: skip
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = spawn(args)
         deadline = time.monotonic() + timeout
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2, socket_timeout=0.5)
         try:

@@ -1,5 +1,5 @@
 """The asyncio building blocks of ``aioratelimit._aio``, each on its own: ``finish``,
-``cancel_requested``, ``Gate`` and ``Keeper``."""
+``finish_within``, ``cancel_requested``, ``Gate`` and ``Keeper``."""
 
 from __future__ import annotations
 
@@ -10,9 +10,55 @@ import random
 import pytest
 
 import aioratelimit as arl
-from aioratelimit._aio import Gate, Keeper, cancel_requested, cancels, finish
+from aioratelimit._aio import Gate, Keeper, cancel_requested, cancels, finish, finish_within
 
 # -- finish ---------------------------------------------------------------------------------
+
+
+async def test_finish_within_waits_at_most_its_time_and_the_cleanup_runs_on() -> None:
+    """A cleanup that outlasts ``seconds``: the caller goes on after about ``seconds`` (well
+    before the cleanup's end), and the cleanup still runs to its end by itself; a quick
+    one is waited for; a failing one reports nothing to the caller."""
+    steps: list[str] = []
+
+    async def cleanup(pause: float) -> None:
+        await asyncio.sleep(pause)
+        steps.append(f"end {pause}")
+
+    async def fails() -> None:
+        await asyncio.sleep(0)
+        raise KeyError("x")
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await finish_within(cleanup(0.5), 0.05)
+    assert loop.time() - started < 0.45  # went on long before the cleanup's end
+    assert steps == []
+    await finish_within(cleanup(0.01), 5)
+    assert steps == ["end 0.01"]
+    await finish_within(fails(), 5)
+    for _ in range(100):
+        if "end 0.5" in steps:
+            break
+        await asyncio.sleep(0.05)
+    assert steps == ["end 0.01", "end 0.5"]
+
+
+async def test_finish_within_raises_the_cancellation_once_done_or_out_of_time() -> None:
+    """Cancelled while it waits: the cleanup still ends (within the time), then the
+    caller's cancellation is raised."""
+    steps: list[str] = []
+
+    async def cleanup() -> None:
+        await asyncio.sleep(0.02)
+        steps.append("end")
+
+    task = asyncio.ensure_future(finish_within(cleanup(), 5))
+    await asyncio.sleep(0.005)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert steps == ["end"]
 
 
 async def test_finish_runs_the_cleanup_to_its_end_despite_cancellations() -> None:

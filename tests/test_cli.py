@@ -1,18 +1,36 @@
-"""The ``aioratelimit`` command: the demo on memory:// and on a real server, and its errors."""
+"""The ``aioratelimit`` command, run as the installed console script against real servers
+(and memory://): demo, inspect, reset, doctor, bench; closed pipes, Ctrl-C, bad input."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import os
+import pty
 import re
+import select
+import signal
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from servers import free_port
 
 import aioratelimit as arl
+from aioratelimit import _admin
 from aioratelimit._cli import main, table
+from aioratelimit._cli_doctor import Report, _server_version
+from aioratelimit._cli_state import reset_lock
+from aioratelimit._idempotency import Claimed, IdempotencyStore
+
+#: The installed console script (``[project.scripts]``), beside this interpreter.
+SCRIPT = str(Path(sys.executable).with_name("aioratelimit"))
+#: Every deployment a command that reads a server's state runs on.
+DEPLOYMENTS = ["redis", "cluster", "sentinel"]
+T = TypeVar("T")
 
 #: One row of the demo's burst table: label, admitted, denied, retry after.
 ROW = re.compile(
@@ -23,14 +41,56 @@ ROW = re.compile(
 WAITED = re.compile(r"gets through after (?P<waited>\d+\.\d+) s")
 
 
-def run(*args: str, url_env: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run a command with ``REDIS_URL`` set to ``url_env`` (or removed), outside the repo."""
+def environment(url_env: str | None) -> dict[str, str]:
+    """This process's environment with ``REDIS_URL`` set to ``url_env``, or removed."""
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     if url_env is not None:
         env["REDIS_URL"] = url_env
+    return env
+
+
+def run(
+    *args: str, url_env: str | None = None, stdin: int | None = subprocess.DEVNULL
+) -> subprocess.CompletedProcess[str]:
+    """Run a command with ``REDIS_URL`` set to ``url_env`` (or removed), outside the repo."""
     return subprocess.run(
-        args, capture_output=True, text=True, timeout=60, env=env, cwd=Path(__file__).parent
+        args,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environment(url_env),
+        cwd=Path(__file__).parent,
+        stdin=stdin,
     )
+
+
+def cli(*args: str, url_env: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The installed ``aioratelimit`` with ``args``."""
+    return run(SCRIPT, *args, url_env=url_env)
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    """The command failed with status 2 and one line on stderr (no traceback): that line."""
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("aioratelimit: error: "), proc.stderr
+    return lines[0]
+
+
+def on(url: str, work: Callable[[arl.Backend], Awaitable[T]]) -> T:
+    """Run ``work`` with a backend of ``url`` on a loop of its own, then close it."""
+
+    async def go() -> T:
+        async with arl.Backend.from_url(url) as backend:
+            return await work(backend)
+
+    return asyncio.run(go())
+
+
+def server(request: pytest.FixtureRequest, deployment: str) -> str:
+    """The URL of the shared ``deployment`` (redis, cluster, sentinel)."""
+    return str(request.getfixturevalue(f"{deployment}_url"))
 
 
 def check_demo(proc: subprocess.CompletedProcess[str], where: str) -> None:
@@ -114,3 +174,452 @@ def test_table_aligns_numbers_right() -> None:
     """The plain-text table left-aligns the first column and right-aligns the others."""
     text = table(["name", "n"], [["a", "5"], ["longer", "12"]], indent="")
     assert text.splitlines() == ["name     n", "------  --", "a        5", "longer  12"]
+
+
+# -- demo honours REDIS_URL; closed pipes and Ctrl-C -----------------------------------------
+
+
+def test_demo_honours_redis_url(redis_url: str) -> None:
+    """Without ``--url`` the demo plays on ``REDIS_URL``, as the rest of the library does."""
+    check_demo(cli("demo", url_env=redis_url), redis_url)
+
+
+def test_demo_into_a_closed_pipe_stops_quietly() -> None:
+    """`aioratelimit demo | head -1`: the reader leaves after one line; no traceback,
+    nothing on stderr, status 141 (what a shell reports for SIGPIPE)."""
+    with subprocess.Popen(
+        [SCRIPT, "demo"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env=environment(None),
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        assert "demo on memory://" in proc.stdout.readline()
+        proc.stdout.close()  # the demo still has its table and its 2 s wait to print
+        status = proc.wait(timeout=60)
+        assert (status, proc.stderr.read()) == (141, "")
+
+
+@pytest.mark.parametrize("command", [["doctor"], ["bench", "--seconds", "0.1"]])
+def test_every_command_survives_a_closed_pipe(command: list[str]) -> None:
+    """The other commands too: whether or not the reader left before they wrote, they
+    end with no traceback (status 0, or 141 if a write found the pipe closed)."""
+    with subprocess.Popen(
+        [SCRIPT, *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env=environment(None),
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        proc.stdout.readline()
+        proc.stdout.close()
+        assert proc.wait(timeout=60) in (0, 141)
+        assert proc.stderr.read() == ""
+
+
+def test_ctrl_c_is_one_line_and_status_130() -> None:
+    """Ctrl-C (SIGINT) while the demo runs: one line on stderr, status 130, no traceback."""
+    with subprocess.Popen(
+        [SCRIPT, "demo"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env=environment(None),
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        proc.stdout.readline()  # it runs (the scene takes about 2 s more)
+        proc.send_signal(signal.SIGINT)
+        status = proc.wait(timeout=60)
+        assert (status, proc.stderr.read()) == (130, "aioratelimit: error: interrupted\n")
+
+
+# -- inspect ---------------------------------------------------------------------------------
+
+LIMIT_ROW = re.compile(
+    r"^\s+(?P<label>\S+ \S+.*?)\s+(?P<used>\d+)\s+(?P<remaining>\d+)\s+(?P<reset>[\d.]+ s|-)$",
+    re.MULTILINE,
+)
+
+
+def limit_rows(stdout: str) -> dict[str, tuple[int, int, str]]:
+    return {
+        m["label"]: (int(m["used"]), int(m["remaining"]), m["reset"])
+        for m in LIMIT_ROW.finditer(stdout)
+    }
+
+
+@pytest.mark.parametrize("deployment", DEPLOYMENTS)
+def test_inspect_limit_shows_used_remaining_and_reset(
+    request: pytest.FixtureRequest, deployment: str, key: str
+) -> None:
+    """`inspect limit KEY --fixed ... --fixed ...`: one row per rate with the hits counted,
+    those left and when the window resets; then what the next hit would get."""
+    url = server(request, deployment)
+
+    async def hits(backend: arl.Backend) -> None:
+        limiter = arl.FixedWindow("10/minute", "100/hour", backend=backend)
+        for _ in range(3):
+            assert (await limiter.hit(key)).allowed
+
+    on(url, hits)
+    proc = cli("inspect", "limit", key, "--fixed", "10/minute", "--fixed", "100/hour", "--url", url)
+    assert proc.returncode == 0, proc.stderr
+    rows = limit_rows(proc.stdout)
+    assert set(rows) == {"FixedWindow 10/minute", "FixedWindow 100/hour"}, proc.stdout
+    used, remaining, reset = rows["FixedWindow 10/minute"]
+    assert (used, remaining) == (3, 7)
+    assert 0 < float(reset.split()[0]) <= 60
+    used, remaining, reset = rows["FixedWindow 100/hour"]
+    assert (used, remaining) == (3, 97)
+    assert 60 < float(reset.split()[0]) <= 3600
+    assert "next hit: allowed" in proc.stdout
+
+
+def test_inspect_limit_under_sliding_and_token_specs(redis_url: str, key: str) -> None:
+    """The same for ``--sliding`` (with its buckets) and ``--token`` (with its burst); a
+    key with no hits shows nothing used and no reset, and a spent one the retry."""
+
+    async def hits(backend: arl.Backend) -> None:
+        for _ in range(4):
+            await arl.SlidingWindow("5/minute", buckets=6, backend=backend).hit(key)
+        for _ in range(3):
+            await arl.TokenBucket("1/minute", burst=3, backend=backend).hit(key)
+
+    on(redis_url, hits)
+    sliding = cli(
+        "inspect", "limit", key, "--sliding", "5/minute", "--buckets", "6", "--url", redis_url
+    )
+    assert limit_rows(sliding.stdout)["SlidingWindow 5/minute buckets=6"][:2] == (4, 1)
+    other = cli("inspect", "limit", key, "--sliding", "5/minute", "--url", redis_url)
+    assert limit_rows(other.stdout)["SlidingWindow 5/minute buckets=10"] == (0, 5, "-")
+    token = cli("inspect", "limit", key, "--token", "1/minute", "--burst", "3", "--url", redis_url)
+    assert limit_rows(token.stdout)["TokenBucket 1/minute burst=3"][:2] == (3, 0), token.stdout
+    assert "next hit: denied, retry after" in token.stdout
+
+
+@pytest.mark.parametrize("deployment", DEPLOYMENTS)
+def test_inspect_shows_lock_and_semaphore_holders_by_fence_never_token(
+    request: pytest.FixtureRequest, deployment: str, key: str
+) -> None:
+    """`inspect lock` shows the holder's fence and TTL, `inspect semaphore` each holder's;
+    neither prints a holder's token (it would let the reader release the lock)."""
+    url = server(request, deployment)
+
+    async def hold(backend: arl.Backend) -> tuple[list[arl.Lease], str]:
+        lease = await arl.Lock(key, ttl=60, backend=backend).acquire(timeout=0)
+        sem = arl.Semaphore(key, limit=3, ttl=30, backend=backend)
+        slots = [await sem.acquire(timeout=0), await sem.acquire(timeout=0)]
+        return [lease, *slots], cli("inspect", "lock", key, "--url", url).stdout
+
+    leases, held = on(url, hold)
+    lock, *slots = leases
+    assert re.search(rf"held: fence {lock.fencing_token}, TTL (\d+\.\d+) s", held), held
+    sem = cli("inspect", "semaphore", key, "--limit", "3", "--url", url)
+    assert sem.returncode == 0, sem.stderr
+    assert f"semaphore {key!r}" in sem.stdout
+    assert "2 of 3 held" in sem.stdout
+    fences = re.findall(r"^\s+\d+\s+(\d+)\s+\d+\.\d+ s$", sem.stdout, re.MULTILINE)
+    assert sorted(map(int, fences)) == sorted(s.fencing_token for s in slots), sem.stdout
+    for lease in leases:
+        assert lease._token not in held + sem.stdout
+    free = cli("inspect", "lock", f"{key}-never", "--url", url)
+    assert "free (no holder on record)" in free.stdout
+
+
+def test_inspect_idempotency_never_prints_the_result_unless_asked(redis_url: str, key: str) -> None:
+    """`inspect idempotency`: in progress (with its lease) or completed; the stored result
+    (customer data) only with ``--show-result``."""
+
+    async def states(backend: arl.Backend) -> None:
+        store = IdempotencyStore(backend, ttl=600, lease=30)
+        done = await store.claim(f"{key}-done")
+        assert isinstance(done, Claimed)
+        await store.complete(done, b'{"card": "4242-secret"}')
+        assert isinstance(await store.claim(f"{key}-running"), Claimed)
+
+    on(redis_url, states)
+    done = cli("inspect", "idempotency", f"{key}-done", "--url", redis_url)
+    assert done.returncode == 0, done.stderr
+    assert "completed" in done.stdout
+    assert "4242" not in done.stdout
+    shown = cli("inspect", "idempotency", f"{key}-done", "--show-result", "--url", redis_url)
+    assert 'result: {"card": "4242-secret"}' in shown.stdout
+    running = cli("inspect", "idempotency", f"{key}-running", "--url", redis_url)
+    assert "in progress" in running.stdout
+    assert re.search(r"lease: (\d+\.\d+) s left", running.stdout), running.stdout
+    unknown = cli("inspect", "idempotency", f"{key}-none", "--url", redis_url)
+    assert "unknown: no record" in unknown.stdout
+
+
+# -- reset -----------------------------------------------------------------------------------
+
+
+def test_reset_limit_forgets_the_key_under_every_rate(redis_url: str, key: str) -> None:
+    """`reset limit KEY --fixed ...` forgets the key's hits under each rate of the spec."""
+
+    def limiter(backend: arl.Backend) -> arl.FixedWindow:
+        return arl.FixedWindow("2/minute", "5/hour", backend=backend)
+
+    async def spend(backend: arl.Backend) -> bool:
+        for _ in range(2):
+            await limiter(backend).hit(key)
+        return (await limiter(backend).peek(key)).allowed
+
+    assert on(redis_url, spend) is False
+    proc = cli(
+        "reset", "limit", key, "--fixed", "2/minute", "--fixed", "5/hour", "--url", redis_url
+    )
+    assert proc.returncode == 0, proc.stderr
+
+    async def peek(backend: arl.Backend) -> arl.Decision:
+        return await limiter(backend).peek(key)
+
+    assert on(redis_url, peek).remaining == 1  # (after the peeked hit: 2 - 1)
+
+
+def lock_held(url: str, key: str) -> tuple[bool, int]:
+    async def state(backend: arl.Backend) -> tuple[bool, int]:
+        s = await _admin.lock_state(arl.Lock(key, backend=backend))
+        return s.holder is not None, s.last_fence
+
+    return on(url, state)
+
+
+def test_reset_lock_without_confirmation_writes_nothing(redis_url: str, key: str) -> None:
+    """`reset lock --force` with no terminal to ask on and no ``--yes``, or without
+    ``--force``: one error line, status 2, and the lock is still held by the same holder."""
+
+    async def take(backend: arl.Backend) -> int:
+        return (await arl.Lock(key, ttl=60, backend=backend).acquire(timeout=0)).fencing_token
+
+    fence = on(redis_url, take)
+    line = one_error_line(cli("reset", "lock", key, "--force", "--url", redis_url))
+    assert "--yes" in line
+    line = one_error_line(cli("reset", "lock", key, "--url", redis_url))
+    assert "--force" in line
+    assert lock_held(redis_url, key) == (True, fence)
+
+
+def reset_args(url: str, name: str, *, yes: bool = False) -> argparse.Namespace:
+    return argparse.Namespace(url=url, prefix="arl", name=name, force=True, yes=yes)
+
+
+def test_reset_lock_asks_and_a_no_writes_nothing(redis_url: str, key: str) -> None:
+    """At the prompt, anything but yes leaves the lock to its holder; yes frees it."""
+
+    async def take(backend: arl.Backend) -> int:
+        return (await arl.Lock(key, ttl=60, backend=backend).acquire(timeout=0)).fencing_token
+
+    fence = on(redis_url, take)
+    asked: list[str] = []
+
+    def answer(reply: str) -> Callable[[str], str]:
+        def ask(prompt: str) -> str:
+            asked.append(prompt)
+            return reply
+
+        return ask
+
+    backend = arl.Backend.from_url(redis_url)
+    assert reset_lock(reset_args(redis_url, key), backend, ask=answer("n\n")) == 1
+    assert lock_held(redis_url, key) == (True, fence)
+    backend = arl.Backend.from_url(redis_url)
+    assert reset_lock(reset_args(redis_url, key), backend, ask=answer("yes\n")) == 0
+    assert lock_held(redis_url, key) == (False, fence)
+    assert len(asked) == 2
+    assert "[y/N]" in asked[0]
+
+
+@pytest.mark.parametrize("deployment", DEPLOYMENTS)
+async def test_reset_lock_force_frees_a_crashed_holder_and_wakes_its_waiter(
+    request: pytest.FixtureRequest, deployment: str, key: str
+) -> None:
+    """`reset lock --force --yes` frees a lock whose holder is gone and wakes its waiters as
+    a release does (a message on the lock's wake-up channel); the waiter then gets a
+    greater fence, and the old lease, should its process come back, no longer holds."""
+    url = server(request, deployment)
+    async with arl.Backend.from_url(url) as backend:
+        lock = arl.Lock(key, ttl=60, backend=backend)
+        crashed = await lock.acquire(timeout=0)
+        waiter = asyncio.create_task(lock.acquire(timeout=30))
+        channel = lock._names(backend).channel
+        async with backend.notifier.subscribe(channel, wake_all=True) as wake_up:
+            await asyncio.sleep(0.2)  # the waiter has tried, and sleeps
+            assert not waiter.done()
+            proc = await asyncio.to_thread(
+                cli, "reset", "lock", key, "--force", "--yes", "--url", url
+            )
+            assert proc.returncode == 0, proc.stderr
+            assert f"freed (fence {crashed.fencing_token})" in proc.stdout
+            assert await wake_up.wait(30), "the forced release woke nobody"
+        lease = await waiter
+        assert lease.fencing_token > crashed.fencing_token
+        with pytest.raises(arl.LockNotOwned):
+            await crashed.extend()
+        await lease.release()
+
+
+def test_reset_lock_of_a_free_lock_does_nothing(redis_url: str, key: str) -> None:
+    """Nothing holds it: nothing to ask, nothing written, status 0."""
+    proc = cli("reset", "lock", key, "--force", "--url", redis_url)
+    assert proc.returncode == 0
+    assert "is free: nothing to do" in proc.stdout
+    assert lock_held(redis_url, key) == (False, 0)
+
+
+# -- doctor ----------------------------------------------------------------------------------
+
+DOCTOR_MODE = {
+    "redis": "standalone: ",
+    "cluster": "cluster: 3 masters answered",
+    "sentinel": "Sentinel: the master is",
+}
+
+
+@pytest.mark.parametrize("deployment", DEPLOYMENTS)
+def test_doctor_reports_a_ready_deployment(request: pytest.FixtureRequest, deployment: str) -> None:
+    """`doctor` on a working deployment: every line ok, the mode named, status 0."""
+    url = server(request, deployment)
+    proc = cli("doctor", url_env=url)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-1] == "ready"
+    topics = re.findall(r"^  (ok|warn|FAIL)\s+(\w+)", proc.stdout, re.MULTILINE)
+    assert [t for _, t in topics] == [
+        "url",
+        "mode",
+        "version",
+        "scripts",
+        "clock",
+        "latency",
+        "keys",
+    ]
+    assert {s for s, _ in topics} == {"ok"}, proc.stdout
+    assert "(from REDIS_URL)" in proc.stdout
+    assert DOCTOR_MODE[deployment] in proc.stdout
+    assert re.search(r"Redis 7\.\d+\.\d+ \(the scripts need 7\.0 or newer\)", proc.stdout)
+
+
+def test_doctor_on_memory_is_ready() -> None:
+    """memory:// (no URL, no REDIS_URL) works: ready, and says its limits are per process."""
+    proc = cli("doctor")
+    assert proc.returncode == 0, proc.stdout
+    assert "memory: the embedded store" in proc.stdout
+    assert "per process" in proc.stdout
+
+
+def test_doctor_not_ready_when_unreachable_and_hides_the_password() -> None:
+    """An unreachable server: a FAIL line in plain words, status 1 (a readiness probe's
+    "not ready"), and the URL shown without its password."""
+    url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
+    proc = cli("doctor", "--timeout", "1", url_env=url)
+    assert proc.returncode == 1
+    assert "FAIL  server    unreachable" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == "not ready: 1 problem"
+    assert "hunter2" not in proc.stdout + proc.stderr
+    assert "***@127.0.0.1" in proc.stdout
+
+
+def test_doctor_says_a_cluster_node_needs_a_cluster_url(cluster_url: str) -> None:
+    """A redis:// URL naming one node of a cluster: not ready, and how to fix the URL."""
+    node = cluster_url.removeprefix("redis+cluster://").split(",")[0]
+    proc = cli("doctor", "--url", f"redis://{node}/0")
+    assert proc.returncode == 1, proc.stdout
+    assert "redis+cluster://" in proc.stdout
+    assert "FAIL  mode" in proc.stdout
+
+
+def test_doctor_fails_a_server_older_than_the_minimum(capsys: pytest.CaptureFixture[str]) -> None:
+    """The version line compares with the one constant ``MIN_REDIS_VERSION``."""
+    report = Report()
+    asyncio.run(_server_version(report, "6.0.16"))
+    asyncio.run(_server_version(report, "7.2.4"))
+    out = capsys.readouterr().out
+    assert report.failed == 1
+    assert "Redis 6.0.16 is too old: the scripts need 7.0 or newer" in out
+
+
+# -- bench -----------------------------------------------------------------------------------
+
+BENCH_ROW = re.compile(r"^\s+(aioratelimit|redis-py), (sequential|concurrent \(\d+\))\s+[\d,]+\s")
+
+
+def test_bench_against_the_redis_py_floor(redis_url: str) -> None:
+    """`bench` on one server: ours and the redis-py floor, sequential and concurrent, in a
+    table; no progress bar when stderr is not a terminal."""
+    proc = cli("bench", "--seconds", "0.2", "--concurrency", "4", url_env=redis_url)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    rows = [m.groups() for line in proc.stdout.splitlines() if (m := BENCH_ROW.match(line))]
+    assert rows == [
+        ("aioratelimit", "sequential"),
+        ("redis-py", "sequential"),
+        ("aioratelimit", "concurrent (4)"),
+        ("redis-py", "concurrent (4)"),
+    ], proc.stdout
+    assert "vs redis-py" in proc.stdout
+
+
+def test_bench_draws_a_progress_bar_on_a_terminal() -> None:
+    """With stderr on a terminal, a progress bar is drawn there (and wiped at the end)."""
+    main_fd, tty_fd = pty.openpty()
+    try:
+        proc = subprocess.run(
+            [SCRIPT, "bench", "--seconds", "0.3"],
+            stdout=subprocess.PIPE,
+            stderr=tty_fd,
+            stdin=subprocess.DEVNULL,
+            env=environment(None),
+            timeout=60,
+        )
+        ready, _, _ = select.select([main_fd], [], [], 5)
+        drawn = os.read(main_fd, 65536).decode() if ready else ""
+    finally:
+        os.close(main_fd)
+        os.close(tty_fd)
+    assert proc.returncode == 0
+    assert "[###" in drawn, drawn
+    assert "aioratelimit, sequential" in drawn, drawn
+
+
+# -- bad input: one line, status 2, nothing written --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["inspect", "limit", "k", "--fixed", "100/fortnight"],
+        ["inspect", "limit", "k", "--token", "0/second"],
+        ["reset", "limit", "k", "--sliding", "5/minute", "--buckets", "0"],
+        ["bench", "--url", "redis+cluster://127.0.0.1:1,127.0.0.1:2"],
+        ["bench", "--url", "redis+sentinel://127.0.0.1:1/mymaster"],
+        ["bench", "--seconds", "0"],
+        ["doctor", "--url", "redis://127.0.0.1:notaport/0"],
+        ["inspect", "lock", "x", "--url", "http://localhost"],
+        ["reset", "lock", "x", "--force", "--yes", "--url", "redis+nope://x"],
+    ],
+)
+def test_bad_input_is_one_line_and_status_2(args: list[str]) -> None:
+    """Unknown limiter specs, malformed URLs, a cluster URL for the one-server bench: one
+    line, status 2, before anything is sent."""
+    one_error_line(cli(*args))
+
+
+def test_a_bad_spec_resets_nothing(redis_url: str, key: str) -> None:
+    """`reset limit` with one bad rate among good ones forgets nothing."""
+
+    async def hit(backend: arl.Backend) -> int:
+        return (await arl.FixedWindow("5/minute", backend=backend).hit(key)).remaining
+
+    assert on(redis_url, hit) == 4
+    one_error_line(
+        cli("reset", "limit", key, "--fixed", "5/minute", "--fixed", "5/eon", "--url", redis_url)
+    )
+    assert on(redis_url, hit) == 3

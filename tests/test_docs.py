@@ -8,18 +8,30 @@ exits with status 0 and writes nothing to stderr (no traceback, warning or log l
 An HTML comment on the line just before the fence restricts a block to one backend:
 ``<!-- test: redis -->`` (it needs a real server) or ``<!-- test: memory -->``.
 A fragment that is not a whole program belongs in a ```text block.
+
+The memory:// runs and the type check need no fixture: they start in the background as
+soon as collection ends and their tests run last (tests/jobs.py); a memory:// run is a fork
+of a warm interpreter that has imported the library and the web stack (tests/forkrun.py),
+held to what a fresh interpreter would show; the redis:// runs start cold, so every example
+also runs once in an interpreter of its own.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import queue
 import re
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import forkrun
+import jobs
 import pytest
+import typecheck
 from servers import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,10 +93,60 @@ def test_every_page_of_this_issue_has_examples() -> None:
     assert all("import aioratelimit as arl" in example.code for example in EXAMPLES)
 
 
+def run(example: Example, url: str, where: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``example`` as a program in ``where``, with ``REDIS_URL=url``."""
+    program = where / example.module
+    program.write_text(example.code, encoding="utf-8")
+    env = {**os.environ, "REDIS_URL": url}
+    return subprocess.run(
+        [sys.executable, "-W", "error", str(program)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=where,
+        env=env,
+    )
+
+
+#: One fork server per background worker (tests/forkrun.py), each used by one job at a time.
+RUNNERS: queue.SimpleQueue[forkrun.Runner] = queue.SimpleQueue()
+for _ in range(jobs.WORKERS):
+    RUNNERS.put(forkrun.Runner())
+
+
+def close_runners() -> None:
+    for _ in range(jobs.WORKERS):
+        RUNNERS.get().close()
+
+
+jobs.at_stop(close_runners)
+
+
+def run_on_memory(example: Example) -> subprocess.CompletedProcess[str]:
+    """The background job of an example on memory://: it needs no fixture (tests/jobs.py),
+    and it runs in a fork of a warm interpreter (tests/forkrun.py)."""
+    runner = RUNNERS.get()
+    try:
+        with tempfile.TemporaryDirectory(prefix="arl-docs-") as where:
+            program = Path(where) / example.module
+            program.write_text(example.code, encoding="utf-8")
+            env = {**os.environ, "REDIS_URL": "memory://"}
+            return runner.run(program, cwd=Path(where), env=env, timeout=60)
+    finally:
+        RUNNERS.put(runner)
+
+
 @pytest.mark.parametrize(
     ("example", "backend"),
     [
-        pytest.param(example, backend, id=f"{example.id}-{backend}")
+        pytest.param(
+            example,
+            backend,
+            id=f"{example.id}-{backend}",
+            marks=[pytest.mark.early(job=functools.partial(run_on_memory, example))]
+            if backend == "memory"
+            else [],
+        )
         for example in EXAMPLES
         for backend in example.backends
     ],
@@ -96,38 +158,43 @@ def test_example_runs(
     if backend == "redis":
         server: RedisServer = request.getfixturevalue("own_redis")
         url = server.url
+        proc = run(example, url, tmp_path)
     else:
         url = "memory://"
-    program = tmp_path / example.module
-    program.write_text(example.code, encoding="utf-8")
-    env = {**os.environ, "REDIS_URL": url}
-    proc = subprocess.run(
-        [sys.executable, "-W", "error", str(program)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-        env=env,
-    )
+        proc = jobs.result(request)
     assert (proc.returncode, proc.stderr) == (0, ""), (
         f"{example.id} on {backend} ({url}) exited {proc.returncode}:\n"
         f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
     )
 
 
-def test_examples_type_check(tmp_path: Path) -> None:
+def type_check() -> subprocess.CompletedProcess[str]:
+    """mypy --strict over every example, each a module of its own (a background job)."""
+    with tempfile.TemporaryDirectory(prefix="arl-docs-types-") as where:
+        for example in EXAMPLES:
+            (Path(where) / example.module).write_text(example.code, encoding="utf-8")
+        return typecheck.mypy_strict(Path(where), [example.module for example in EXAMPLES])
+
+
+@pytest.mark.early(job=type_check)
+def test_examples_type_check(request: pytest.FixtureRequest) -> None:
     """Every example passes mypy --strict, like the package and the tests."""
-    for example in EXAMPLES:
-        (tmp_path / example.module).write_text(example.code, encoding="utf-8")
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "mypy", "--strict", "--python-version", "3.11",
-            "--cache-dir", str(tmp_path / ".mypy_cache"), "--config-file", "",
-            *(example.module for example in EXAMPLES),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )  # fmt: skip
+    proc = jobs.result(request)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_page_is_linked_from_the_index_and_the_readme() -> None:
+    """A page of docs/ nobody links to is a page nobody finds: docs/index.md and README.md
+    link every one (the recipes of issue 13 included)."""
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "index.md")
+    assert {"testing.md", "tiers.md", "outbound.md", "running.md"} <= set(pages)
+    assert [p for p in pages if f"]({p})" not in index] == []
+    assert [p for p in pages if f"](docs/{p})" not in readme] == []
+
+
+def test_every_recipe_page_has_examples_that_run() -> None:
+    """Each recipe page holds programs the tests run, not only fragments."""
+    pages = {example.page.name for example in EXAMPLES}
+    assert {"testing.md", "tiers.md", "outbound.md", "running.md"} <= pages

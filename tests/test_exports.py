@@ -60,6 +60,17 @@ def test_every_error_is_exported() -> None:
     assert all(getattr(arl, name) is not None for name in seen)
 
 
+#: Extensions of the contract, each documented in docs/ (instrumentation: docs/metrics.md).
+EXTENSIONS = {"Recorder", "set_recorder", "ScriptCall"}
+
+
+def test_the_extensions_are_exported() -> None:
+    """The names docs/ adds to the contract are in ``__all__`` (``aioratelimit.otel`` is a
+    module of its own: it needs the ``[otel]`` extra)."""
+    assert EXTENSIONS - set(arl.__all__) == set()
+    assert "otel" not in arl.__all__
+
+
 def test_the_api_contract_is_exported() -> None:
     """Every top-level name API.md promises is in ``__all__``."""
     assert CONTRACT - set(arl.__all__) == set()

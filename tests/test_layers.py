@@ -15,7 +15,23 @@ PACKAGE = Path(__file__).resolve().parent.parent / "aioratelimit"
 
 #: Floors, top first. A module may import from its own floor or any floor below it.
 FLOORS: list[tuple[str, set[str]]] = [
-    ("faces", {"", "__main__", "asgi", "fastapi", "_cli"}),
+    (
+        "faces",
+        {
+            "",
+            "__main__",
+            "asgi",
+            "fastapi",
+            "testing",
+            "otel",
+            "_cli",
+            "_cli_bench",
+            "_cli_demo",
+            "_cli_doctor",
+            "_cli_output",
+            "_cli_state",
+        },
+    ),
     (
         "web support",
         {
@@ -42,12 +58,16 @@ FLOORS: list[tuple[str, set[str]]] = [
             "_idempotent",
             "_results",
             "_tokens",
+            "_admin",
         },
     ),
     ("backend", {"_backend"}),
     ("stores", set()),  # every module of _stores/
     ("wake-ups", {"_notify"}),
-    ("leaves", {"_scripts", "_keys", "_rates", "_args", "_urls", "_aio", "_errors"}),
+    (
+        "leaves",
+        {"_observe", "_scripts", "_keys", "_rates", "_args", "_urls", "_aio", "_errors"},
+    ),
 ]
 
 

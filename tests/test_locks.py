@@ -192,15 +192,29 @@ async def test_expired_lease_cannot_touch_the_new_holders_lock(
     assert not await lk.locked()
 
 
-async def test_release_twice_is_not_an_error(backend: arl.Backend, key: str) -> None:
-    """A second release of the same lease returns quietly; extend after it is refused."""
-    lease = await arl.Lock(key, backend=backend).acquire()
+async def test_release_twice_raises_not_owned(backend: arl.Backend, key: str) -> None:
+    """A second release of the same lease raises LockNotOwned (as API.md, redis-py's Lock
+    and asyncio.Lock do) and changes nothing: a lock taken since by another stays held;
+    extend after it is refused too. Leaving ``async with lease`` after a release by hand
+    is not an error."""
+    lk = arl.Lock(key, backend=backend)
+    lease = await lk.acquire()
     assert "held" in repr(lease)
     await lease.release()
-    await lease.release()
+    other = await lk.acquire(timeout=0)
+    with pytest.raises(arl.LockNotOwned) as info:
+        await lease.release()
+    assert info.value.name == key
     assert "released" in repr(lease)
+    assert await lk.locked()
     with pytest.raises(arl.LockNotOwned):
         await lease.extend()
+    async with other:
+        await other.release()
+    assert not await lk.locked()
+    async with arl.lock(key, backend=backend) as held:
+        await held.release()  # by hand: the block's exit does not release it again
+    assert not await lk.locked()
 
 
 async def test_expired_lease_release_raises_not_owned(backend: arl.Backend, key: str) -> None:

@@ -57,9 +57,10 @@ from fakeredis.commands_mixins import server_mixin
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
+from script_checks import KEYS_CHECK
 
 import aioratelimit as arl
-from aioratelimit import _keys
+from aioratelimit import _admin, _keys
 from aioratelimit._idempotency import Claimed, IdempotencyStore, _fingerprint
 from aioratelimit._scripts import SCRIPTS, Arg, Reply, Script
 from aioratelimit._stores.keyspace import Keyspace, expired
@@ -71,6 +72,9 @@ from aioratelimit._tokens import _subject
 T0 = 1_767_225_600_000_000
 #: The Redis the fake emulates: the release the suite's redis-server runs (PEXPIRETIME is 7.0).
 REDIS_VERSION = (7, 0)
+#: The oldest Redis the library supports: fixed_window.lua reads a window's end with PTTL
+#: there (no PEXPIRETIME); the scripts tell the two apart by ``redis.REDIS_VERSION_NUM``.
+REDIS_6_2 = (6, 2)
 
 
 # -- the frozen clock ----------------------------------------------------------------------
@@ -104,11 +108,20 @@ def frozen(clock: Clock) -> Iterator[None]:
         yield
 
 
-def fake_redis() -> fakeredis.FakeRedis:
+def fake_redis(version: tuple[int, int] = REDIS_VERSION) -> fakeredis.FakeRedis:
     """A fresh fake server with every script loaded (the stores run them by SHA), on
-    Redis's Lua (fakeredis takes another from ``FAKEREDIS_LUA_VERSION``)."""
-    client = fakeredis.FakeRedis(server=fakeredis.FakeServer(version=REDIS_VERSION))
+    Redis's Lua (fakeredis takes another from ``FAKEREDIS_LUA_VERSION``). From 7.0 on its
+    scripts see ``redis.REDIS_VERSION_NUM``, as on Redis (fakeredis leaves it out; it
+    persists in the fake's one Lua runtime once set); every script runs under
+    ``script_checks.KEYS_CHECK``."""
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer(version=version))
     assert client.eval("return _VERSION", 0) == b"Lua 5.1"
+    if version >= (7, 0):
+        num = version[0] << 16 | version[1] << 8
+        client.eval(f"redis.REDIS_VERSION_NUM = {num}", 0)
+    assert client.eval("return redis.REDIS_VERSION_NUM", 0) == (num if version >= (7, 0) else None)
+    # Every key a script touches must be one of its KEYS: a call naming another fails it.
+    assert client.eval(KEYS_CHECK, 0) == 1
     for script in SCRIPTS.values():
         assert client.script_load(script.source) == script.sha
     return client
@@ -239,7 +252,7 @@ State = tuple[bytes, Any, int] | None
 
 #: the type of every key a script writes, by the kind in its name (``oracle:<kind>:...``)
 TYPES = {"fw": b"string", "tb": b"string", "sw": b"hash", "lock": b"string", "tok": b"string"}
-TYPES.update({"idem": b"hash", "sem": b"zset", "sem-fence": b"hash"})
+TYPES.update({"idem": b"hash", "sem": b"zset", "sem-fence": b"hash", "doctor": b"string"})
 
 
 def key_type(key: str) -> bytes:
@@ -392,11 +405,17 @@ def limiter_calls(script: str, limiters: Callable[[str], list[Limiter]]) -> st.S
 
 
 def lock_calls() -> st.SearchStrategy[Call]:
-    """Acquisitions (and the same one sent again), releases, extensions, ``locked``."""
+    """Acquisitions (and the same one sent again), releases, extensions, ``locked``, an
+    operator's reads and forced releases."""
     acquire, release, extend, locked = [], [], [], []
     for name in LOCK_NAMES:
         key, channel = lock_names(name)
         locked.append(Call("lock_locked", (key,), ()))
+        locked.append(Call("lock_holder", (key,), ()))
+        release += [
+            Call("lock_force_release", (key,), (channel, p, fence))
+            for p, fence in product(PUBLISH, ("", str(T0), str(T0 + 1)))
+        ]
         for token, ms in product(TOKENS, TTLS_MS):
             acquire.append(Call("lock_acquire", (key,), (token, ms)))
             extend.append(Call("lock_extend", (key,), (token, ms)))
@@ -411,6 +430,7 @@ def semaphore_calls() -> st.SearchStrategy[Call]:
         zset, fences, channel = semaphore_names(name)
         keys = (zset, fences)
         holders.append(Call("semaphore_holders", (zset,), ()))
+        holders.append(Call("semaphore_list", keys, ()))
         for token, ms in product(TOKENS, TTLS_MS):
             acquire += [Call("semaphore_acquire", keys, (token, ms, n)) for n in (1, 2, 3)]
             extend.append(Call("semaphore_extend", keys, (token, ms)))
@@ -431,7 +451,10 @@ def token_calls() -> st.SearchStrategy[Call]:
 def idempotency_calls() -> st.SearchStrategy[Call]:
     """Claims by two owners (the one holding, the one not) under a few fingerprints,
     renewals, completions and releases."""
-    claim, renew, complete, release = [], [], [], []
+    claim, renew, complete, release, state = [], [], [], [], []
+    for key in IDEM_KEYS:
+        record, _ = idem_names(key)
+        state += [Call("idem_state", (record,), (w,)) for w in ("0", "1")]
     for key, owner in product(IDEM_KEYS, TOKENS[:2]):
         record, channel = idem_names(key)
         keys = (record,)
@@ -443,7 +466,17 @@ def idempotency_calls() -> st.SearchStrategy[Call]:
                 Call("idem_complete", keys, (owner, result, us, channel, p))
                 for result, p in product(RESULTS, PUBLISH)
             ]
-    return weighted((claim, 3), (renew, 1), (complete, 3), (release, 2))
+    return weighted((claim, 3), (renew, 1), (complete, 3), (release, 2), (state, 2))
+
+
+def server_calls() -> st.SearchStrategy[Call]:
+    """``doctor``'s question, under both user keys' tags."""
+    calls = []
+    for user in USERS:
+        probe = _keys.tagged(head("doctor"), user, ":declared")
+        other = _keys.tagged(head("doctor"), user, ":undeclared")
+        calls.append(Call("server_check", (probe,), (other,)))
+    return weighted((calls, 1))
 
 
 # -- the machines --------------------------------------------------------------------------
@@ -533,7 +566,12 @@ class Oracle(RuleBasedStateMachine):
 
     def remember(self, name: str, reply: Reply, now: int) -> None:
         """Count the branch the call took; keep the instants its reply names."""
-        first = reply[0] if isinstance(reply, list) else reply
+        if name == "semaphore_list":  # pairs (fence, ttl): none, one or several holders
+            first = min(len(reply) // 2, 2)
+        elif name == "server_check":  # {time_s, time_us, version, mode, undeclared}
+            first = reply[4]
+        else:
+            first = reply[0] if isinstance(reply, list) else reply
         self.seen[name, int(first)] += 1
         if name in ("fixed_window", "sliding_window", "token_bucket"):
             ahead = [reply[3], reply[4]]  # reset_after_us, retry_after_us
@@ -652,6 +690,8 @@ class Locks(Oracle):
         "lock_release": {-1, 0, 1, 2},
         "lock_extend": {0, 1},
         "lock_locked": {0, 1},
+        "lock_holder": {0, 1},
+        "lock_force_release": {-1, 0, 1},
     }
 
     @rule(move=MOVES, call=lock_calls())
@@ -668,6 +708,7 @@ class Semaphores(Oracle):
         "semaphore_release": {0, 1, 2},
         "semaphore_extend": {0, 1},
         "semaphore_holders": {0, 1},
+        "semaphore_list": {0, 1},  # (2, several holders, is reached less often)
     }
 
     @rule(move=MOVES, call=semaphore_calls())
@@ -698,9 +739,21 @@ class Idempotency(Oracle):
         "idem_renew": {0, 1},
         "idem_complete": {0, 1},
         "idem_release": {0, 1},
+        "idem_state": {0, 1, 2, 3},
     }
 
     @rule(move=MOVES, call=idempotency_calls())
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
+class ServerChecks(Oracle):
+    """``doctor``'s question: the clock, no INFO on either side, undeclared keys allowed."""
+
+    branches: ClassVar[dict[str, set[int]]] = {"server_check": {0}}
+
+    @rule(move=MOVES, call=server_calls())
     def step(self, move: Move, call: Call) -> None:
         self.move(move)
         self.call(call)
@@ -714,9 +767,15 @@ MACHINES = [
     Semaphores,
     OneShotTokens,
     Idempotency,
+    ServerChecks,
 ]
 #: examples per machine (of 60 steps, each one call)
-EXAMPLES = {machine: 15 for machine in MACHINES} | {Locks: 20, Idempotency: 20, OneShotTokens: 10}
+EXAMPLES = {machine: 15 for machine in MACHINES} | {
+    Locks: 20,
+    Idempotency: 20,
+    OneShotTokens: 10,
+    ServerChecks: 3,
+}
 
 
 def test_the_machines_call_every_script() -> None:
@@ -728,10 +787,14 @@ def test_the_machines_call_every_script() -> None:
 #: Hypothesis's own five minutes of it (the suite's 180 s once cut a shrink short, which
 #: Hypothesis then reported as flaky data generation instead of the drift).
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("machine", MACHINES, ids=lambda m: m.__name__)
-def test_scripts_and_twins_agree(machine: type[Oracle]) -> None:
+@pytest.mark.parametrize(
+    ("machine", "version"),
+    [(m, REDIS_VERSION) for m in MACHINES] + [(FixedWindows, REDIS_6_2)],
+    ids=[m.__name__ for m in MACHINES] + ["FixedWindows-6.2"],
+)
+def test_scripts_and_twins_agree(machine: type[Oracle], version: tuple[int, int]) -> None:
     """Each script and its twin give the same replies, keys, TTLs and publishes for any
-    history of calls on one frozen clock."""
+    history of calls on one frozen clock; fixed_window.lua also on its Redis 6.2 branch."""
     loop = asyncio.new_event_loop()
     seen: Counter[tuple[str, int]] = Counter()
 
@@ -740,7 +803,7 @@ def test_scripts_and_twins_agree(machine: type[Oracle]) -> None:
 
     OnOneClock.loop = loop
     OnOneClock.seen = seen
-    OnOneClock.redis = fake_redis()
+    OnOneClock.redis = fake_redis(version)
     try:
         with frozen(OnOneClock.clock):
             run_state_machine_as_test(
@@ -869,6 +932,10 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     expect("lock_extend", [key], (token, 5))
     expect("lock_locked", [key], ())
     expect("lock_release", [key], (token, 5, channel, "PUBLISH"))
+    await _admin.lock_state(lock)
+    await _admin.force_release(lock)
+    expect("lock_holder", [key], ())
+    expect("lock_force_release", [key], (channel, "PUBLISH", ""))
 
     sem = arl.Semaphore("S1", limit=2, ttl=0.0015, backend=backend)
     lease = await sem.acquire(timeout=0)
@@ -881,6 +948,8 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     expect("semaphore_extend", [holders, fences], (token, 2))
     expect("semaphore_holders", [holders], ())
     expect("semaphore_release", [holders, fences], (token, 2, channel, "PUBLISH"))
+    await _admin.semaphore_state(sem)
+    expect("semaphore_list", [holders, fences], ())
 
     one_shot = await arl.issue_token(ttl=0.0025, subject="alice", backend=backend)
     await arl.consume_token(one_shot, "bob", backend=backend)
@@ -904,6 +973,18 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     expect("idem_complete", [record], (owner, RESULTS[1], 30_000_000, channel, "PUBLISH"))
     expect("idem_claim", [other], (second, "", 1_000))
     expect("idem_release", [other], (second, other_channel, "PUBLISH"))
+    await _admin.idempotency_state("order-1", backend=backend)
+    await _admin.idempotency_state("order-1", backend=backend, with_result=True)
+    expect("idem_state", [record], ("0",))
+    expect("idem_state", [record], ("1",))
+
+    await _admin.server_facts(backend, "u")
+    doctor = head(_admin.PROBE_KIND)
+    expect(
+        "server_check",
+        [_keys.tagged(doctor, "u", ":declared")],
+        (_keys.tagged(doctor, "u", ":undeclared"),),
+    )
 
     await backend.aclose()
     assert calls == sent

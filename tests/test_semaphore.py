@@ -101,7 +101,8 @@ async def test_release_wakes_a_waiter_at_once(backend: arl.Backend, key: str) ->
 
 
 async def test_expired_slot_is_freed_and_its_lease_refused(backend: arl.Backend, key: str) -> None:
-    """An expired holder no longer counts; its lease can neither extend nor release."""
+    """An expired holder no longer counts; its lease can neither extend nor release; a
+    second release of a released lease raises LockNotOwned too."""
     sem = arl.Semaphore(key, limit=1, backend=backend)
     old = await arl.Semaphore(key, limit=1, ttl=0.05, backend=backend).acquire()
     await asyncio.sleep(0.12)
@@ -113,7 +114,8 @@ async def test_expired_slot_is_freed_and_its_lease_refused(backend: arl.Backend,
     assert await sem.holders() == 1
     await new.extend(5)
     await new.release()
-    await new.release()  # a second release is not an error
+    with pytest.raises(arl.LockNotOwned):
+        await new.release()  # released already: it holds nothing
     assert await sem.holders() == 0
 
 

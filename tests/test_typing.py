@@ -6,7 +6,12 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+import jobs
+import pytest
+import typecheck
 
 import aioratelimit as arl
 import aioratelimit.asgi
@@ -89,15 +94,18 @@ async def main(idem: IdempotentRequest) -> None:
 """
 
 
-def test_a_user_program_type_checks_with_public_names_only(tmp_path: Path) -> None:
+def type_check() -> subprocess.CompletedProcess[str]:
+    """mypy --strict over the sample program (a background job: tests/jobs.py)."""
+    with tempfile.TemporaryDirectory(prefix="arl-typing-") as where:
+        (Path(where) / "user_program.py").write_text(PROGRAM, encoding="utf-8")
+        return typecheck.mypy_strict(Path(where), ["user_program.py"])
+
+
+@pytest.mark.early(job=type_check)
+def test_a_user_program_type_checks_with_public_names_only(request: pytest.FixtureRequest) -> None:
     """mypy --strict passes on the sample, and each aioratelimit class it reveals in a
     public signature is exported (from aioratelimit, .asgi or .fastapi)."""
-    (tmp_path / "user_program.py").write_text(PROGRAM, encoding="utf-8")
-    proc = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / ".cache"),
-         "--config-file", "", "user_program.py"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-    )  # fmt: skip
+    proc = jobs.result(request)
     lines = proc.stdout.splitlines()
     errors = [line for line in lines if ": error:" in line]
     assert not errors, proc.stdout + proc.stderr

@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 import redis
+from servers import spawn
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 OPENSSL = shutil.which("openssl") or "/usr/bin/openssl"
@@ -209,9 +210,7 @@ class ServerProcess:
 
     def start(self, timeout: float = 15.0) -> ServerProcess:
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            self._args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        self.proc = spawn(self._args())
         deadline = time.monotonic() + timeout
         client = self.admin(socket_connect_timeout=0.5)
         try:

@@ -10,6 +10,7 @@ from typing import Protocol
 import hiredis
 from redis import exceptions as redis_errors
 
+from .. import _observe
 from .._errors import AioRateLimitError, BackendError, BackendUnavailable
 from .._notify import Notifier
 from .._scripts import Arg, Reply, Script, ScriptCall
@@ -77,14 +78,22 @@ def translate(exc: BaseException, script: Script | None = None) -> AioRateLimitE
     script error, maxmemory), except the replies that only mean "not now", which are
     ``BackendUnavailable`` like a connection that broke or a reply that never came. An
     error inside ``script`` is told with the command on its line (an ACL user that may not
-    run ``TIME`` reads "can't run this command ... line 16 calls TIME").
+    run ``TIME`` reads "can't run this command ... line 16 calls TIME"). Each translation
+    is one backend error for instrumentation (``_observe``), by its type and reason.
     """
+    error, reason = _translate(exc, script)
+    if _observe.recorder is not None:
+        _observe.backend_error(error, reason, None if script is None else script.name)
+    return error
+
+
+def _translate(exc: BaseException, script: Script | None) -> tuple[AioRateLimitError, str]:
     if isinstance(exc, (redis_errors.ResponseError, hiredis.ReplyError, BackendError)):
         message = str(exc)
         if message.startswith(_TRANSIENT):
-            return BackendUnavailable(f"Redis cannot answer now: {message}")
+            return BackendUnavailable(f"Redis cannot answer now: {message}"), "busy"
         if isinstance(exc, BackendError):
-            return exc
+            return exc, "error_reply"
         where = _SCRIPT_LINE.search(message) if script is not None else None
         if where is not None and script is not None:
             lines = script.source.splitlines()
@@ -93,7 +102,8 @@ def translate(exc: BaseException, script: Script | None = None) -> AioRateLimitE
             called = [name or f"the {var} command" for name, var in _CALLED.findall(line)]
             if called:
                 message += f" (line {number} of script {script.name} calls {', '.join(called)})"
-        return BackendError(f"Redis answered with an error: {message}")
+        return BackendError(f"Redis answered with an error: {message}"), "error_reply"
     if isinstance(exc, (redis_errors.TimeoutError, TimeoutError)):
-        return BackendUnavailable(f"Redis did not answer in time: {exc or type(exc).__name__}")
-    return BackendUnavailable(f"Redis is unreachable: {exc or type(exc).__name__}")
+        message = f"Redis did not answer in time: {exc or type(exc).__name__}"
+        return BackendUnavailable(message), "timeout"
+    return BackendUnavailable(f"Redis is unreachable: {exc or type(exc).__name__}"), "unreachable"

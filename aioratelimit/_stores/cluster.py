@@ -381,7 +381,8 @@ class ClusterStore:
     def notifier(self) -> Notifier:
         """One subscriber connection per master that owns a channel someone waits on."""
         if self._notifier is None:
-            self._notifier = Notifier(lambda: ShardedPubSub(self))
+            bound = self._connect_timeout + self._timeout
+            self._notifier = Notifier(lambda: ShardedPubSub(self), bound=bound)
         return self._notifier
 
     async def aclose(self) -> None:

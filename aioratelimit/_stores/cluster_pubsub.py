@@ -86,6 +86,14 @@ class ShardedPubSub:
             self._leaving.add(channel)
             await pubsub.sunsubscribe(channel)
 
+    async def ping(self) -> int:
+        """PING every node connection (each PONG comes back as a message); returns how many
+        PONGs are owed. A node that never answers then fails the whole subscriber."""
+        nodes = list(self._nodes.values())
+        for pubsub in nodes:
+            await pubsub.ping()
+        return len(nodes)
+
     async def get_message(
         self, *, ignore_subscribe_messages: bool, timeout: float
     ) -> dict[str, Any] | None:

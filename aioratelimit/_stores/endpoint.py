@@ -15,6 +15,10 @@ import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
+import hiredis
+
+from .._errors import BackendError
+
 #: The TLS keyword arguments, by the name ``RedisSSLContext`` gives them.
 _TLS = {
     "ssl_keyfile": "keyfile",
@@ -72,7 +76,73 @@ class Endpoint:
             commands.append(("CLIENT", "SETNAME", self.client_name))
         if self.db:
             commands.append(("SELECT", self.db))
+        # The server check (``check_server``): HELLO (no permission needed) names the
+        # server, its version and mode; TIME is the clock every script decides on.
+        commands += [("HELLO", 2), ("TIME",)]
         return commands
+
+    def checked(self, answers: list[Any]) -> None:
+        """Raise the first refusal among the handshake's ``answers`` (a ``ReplyError``:
+        the password, the user, the database), else ``check_server``'s verdict."""
+        *setup, hello, clock = answers
+        for answer in setup:
+            if isinstance(answer, hiredis.ReplyError):
+                raise answer
+        if isinstance(hello, hiredis.ReplyError):
+            if not str(hello).lower().startswith("err unknown command"):
+                raise hello
+            hello = None  # older than 6.0
+        if isinstance(clock, hiredis.ReplyError):
+            raise clock
+        check_server(self.address, hello, clock)
+
+
+#: The oldest Redis the scripts run on (SET PXAT; fixed_window.lua reads PTTL where there is
+#: no PEXPIRETIME), and the oldest a cluster needs (sharded pub/sub: SPUBLISH, SSUBSCRIBE).
+MIN_VERSION = (6, 2)
+MIN_CLUSTER_VERSION = (7, 0)
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def check_server(address: str, hello: Any, clock: Any) -> None:
+    """Refuse a server the scripts cannot run on, with what to do (``BackendError``):
+    older than Redis 6.2 (``hello`` is None when it does not know HELLO, 6.0's error
+    reply to a bare HELLO, or HELLO's reply, a flat list or a dict), a cluster node older
+    than 7.0, or a ``TIME`` (``clock``: seconds and µs) that reads zero."""
+    fields: dict[str, Any] = {}
+    if isinstance(hello, dict):
+        fields = {_text(k): v for k, v in hello.items()}
+    elif isinstance(hello, (list, tuple)):
+        fields = {_text(k): v for k, v in zip(hello[::2], hello[1::2], strict=False)}
+    server = _text(fields.get("server", "redis"))
+    version = _text(fields.get("version", "older than 6.2"))
+    try:
+        number = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        number = (0, 0)
+    if server == "fakeredis":  # its own version; it emulates the Redis it was given
+        number = max(number, MIN_CLUSTER_VERSION)
+    if number < MIN_VERSION:
+        raise BackendError(
+            f"aioratelimit needs Redis 6.2 or newer (or Valkey); {address} is {server} {version}"
+        )
+    if _text(fields.get("mode", "")) == "cluster" and number < MIN_CLUSTER_VERSION:
+        raise BackendError(
+            "aioratelimit on a Redis Cluster needs Redis 7.0 or newer (sharded pub/sub:"
+            f" SPUBLISH, SSUBSCRIBE); {address} is {server} {version}"
+        )
+    try:
+        seconds, micros = (int(part) for part in clock)
+    except (TypeError, ValueError):
+        seconds = micros = 0
+    if seconds <= 0 and micros <= 0:
+        raise BackendError(
+            f"{address} answers TIME with {clock!r}: aioratelimit decides on the server's"
+            " clock and cannot run on a server without one"
+        )
 
 
 def endpoint(url: str | None, options: dict[str, Any]) -> Endpoint:

@@ -2,9 +2,10 @@
 
 ``MemoryStore.run(script, keys, args)`` answers exactly what a Redis store answers for the
 same script, keys and arguments, given the same clock reading. The twins live in
-``memory_ratelimit``, ``memory_penalties``, ``memory_locks`` and ``memory_idempotency``,
-one function per file of ``lua/``, named like it; the dispatch is derived from those names, and
-``tests/test_oracle.py`` runs the real Lua (fakeredis with lupa) against every twin.
+``memory_ratelimit``, ``memory_penalties``, ``memory_locks``, ``memory_idempotency`` and
+``memory_server``, one function per file of ``lua/``, named like it; the dispatch is derived
+from those names, and ``tests/test_oracle.py`` runs the real Lua (fakeredis with lupa)
+against every twin.
 
 Keys expire by Redis's rule (``keyspace``); expired keys are dropped when touched and by an
 amortised sweep, so memory stays bounded by the keys that are live. A ``threading.Lock``
@@ -20,7 +21,8 @@ from types import ModuleType
 
 from .._notify import Notifier
 from .._scripts import SCRIPTS, Arg, Reply, Script
-from . import memory_idempotency, memory_locks, memory_penalties, memory_ratelimit
+from . import memory_idempotency, memory_locks, memory_penalties, memory_ratelimit, memory_server
+from .base import OnCall, observed
 from .keyspace import Keyspace
 
 Twin = Callable[[Keyspace, Sequence[str], Sequence[Arg], int], Reply]
@@ -31,6 +33,7 @@ TWIN_MODULES: tuple[ModuleType, ...] = (
     memory_penalties,
     memory_locks,
     memory_idempotency,
+    memory_server,
 )
 
 
@@ -48,9 +51,19 @@ def twins() -> dict[str, Twin]:
 _TWINS = twins()
 
 
-def wall_clock_us() -> int:
-    """The default clock: microseconds since the epoch, like Redis ``TIME``."""
-    return time.time_ns() // 1000
+class AnchoredClock:
+    """The default clock: microseconds since the epoch, like Redis ``TIME``, read from the
+    wall clock once and then advanced by the monotonic clock. It never runs backwards when
+    the wall clock is stepped back (NTP, a VM resumed, a clock set by hand): a window or a
+    lease measured on it is never stretched by the step."""
+
+    __slots__ = ("_offset",)
+
+    def __init__(self) -> None:
+        self._offset = time.time_ns() - time.monotonic_ns()
+
+    def __call__(self) -> int:
+        return (time.monotonic_ns() + self._offset) // 1000
 
 
 class MemoryStore:
@@ -61,8 +74,8 @@ class MemoryStore:
     #: memory:// has no cluster: wake-ups are published in-process (see ``Backend``)
     publish_command = "PUBLISH"
 
-    def __init__(self, clock: Callable[[], int] = wall_clock_us) -> None:
-        self._clock = clock
+    def __init__(self, clock: Callable[[], int] | None = None) -> None:
+        self._clock = AnchoredClock() if clock is None else clock
         #: wake-ups are delivered in-process, synchronously, by the twins' PUBLISH
         self.notifier = Notifier(None)
         self.keyspace = Keyspace(self.notifier.deliver)
@@ -87,3 +100,22 @@ class MemoryStore:
         await self.notifier.aclose()
         with self._lock:
             self.keyspace.clear()
+
+
+class ObservedMemoryStore(MemoryStore):
+    """A memory store that reports every call to an ``on_call`` hook once it is over, as
+    the Redis stores do (``from_url("memory://", on_call=...)``; the server is ``"memory"``).
+    A subclass, so a store without a hook pays nothing for it."""
+
+    __slots__ = ("_on_call",)
+
+    def __init__(self, on_call: OnCall, clock: Callable[[], int] | None = None) -> None:
+        super().__init__(clock)
+        self._on_call = on_call
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+        return await observed(self._on_call, script, super().run(script, keys, args), _memory)
+
+
+def _memory() -> str:
+    return "memory"

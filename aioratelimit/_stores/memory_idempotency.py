@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .._scripts import Arg, Claim, Consumed, Reply
+from .._scripts import Arg, Claim, Consumed, IdemState, Reply
 from .keyspace import Keyspace, ceil_div
 
 # -- lua/token_issue.lua -------------------------------------------------------------------
@@ -94,3 +94,21 @@ def idem_release(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: in
     ks.delete(keys[0], now)
     ks.publish(channel, "r")
     return 1
+
+
+# -- lua/idem_state.lua --------------------------------------------------------------------
+
+
+def idem_state(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
+    with_result = str(args[0]) == "1"
+    rec: dict[str, Any] | None = ks.get(keys[0], now)
+    state = rec.get("s") if rec else None
+    if rec and state == "c":
+        result = rec.get("r", b"") if with_result else b""
+        return [IdemState.COMPLETED, ks.pttl(keys[0], now), 0, result]
+    if rec and state == "p":
+        left = rec["d"] - now
+        if left > 0:
+            return [IdemState.IN_PROGRESS, ks.pttl(keys[0], now), left, b""]
+        return [IdemState.ABANDONED, ks.pttl(keys[0], now), 0, b""]
+    return [IdemState.NONE, -2, 0, b""]

@@ -196,3 +196,48 @@ def semaphore_extend(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now
 def semaphore_holders(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
     holders: dict[str, int] | None = ks.get(keys[0], now)
     return sum(1 for s in (holders or {}).values() if s > now // 1000)
+
+
+# -- lua/semaphore_list.lua ----------------------------------------------------------------
+
+
+def semaphore_list(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
+    now_ms = now // 1000
+    holders: dict[str, int] | None = ks.get(keys[0], now)
+    fences: dict[str, int] = ks.get(keys[1], now) or {}
+    # ZRANGEBYSCORE's order: by score, then by member
+    live = sorted((s, m) for m, s in (holders or {}).items() if s > now_ms)
+    reply: list[int] = []
+    for score, member in live:
+        reply += [fences.get(member, 0), score - now_ms]
+    return reply
+
+
+# -- lua/lock_holder.lua -------------------------------------------------------------------
+
+
+def lock_holder(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
+    held: str | None = ks.get(keys[0], now)
+    if held is None:
+        return [0, 0, -2]
+    _, sep, last = held.partition(":")
+    fence = int(last) if sep and last.isdigit() else 0
+    return [0 if held.startswith("~") else 1, fence, ks.pttl(keys[0], now)]
+
+
+# -- lua/lock_force_release.lua ------------------------------------------------------------
+
+
+def lock_force_release(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
+    channel, expected = str(args[0]), str(args[2])
+    held: str | None = ks.get(keys[0], now)
+    if held is None or held.startswith("~"):
+        return [0, 0]
+    _, sep, fence = held.partition(":")
+    if not sep:
+        fence = "0"
+    if expected and fence != expected:
+        return [-1, int(fence) if fence.isdigit() else 0]
+    ks.data[keys[0]] = f"~:{fence}"  # SET ... KEEPTTL
+    ks.publish(channel, "")
+    return [1, int(fence) if fence.isdigit() else 0]

@@ -71,7 +71,7 @@ def fixed_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: in
     for i in range(nrates):
         limit = int(args[2 + 2 * i])
         rem = limit - counts[i]
-        reset = ends[i] - now
+        reset = min(ends[i] - now, int(args[3 + 2 * i]))
         if cost > rem:
             if allowed == 1 or reset > best_retry:
                 best_limit, best_rem, best_reset, best_retry = limit, rem, reset, reset
@@ -114,7 +114,7 @@ def _fixed_window_one(
     else:
         fresh = False
     rem = limit - count
-    reset = ends_at - now
+    reset = min(ends_at - now, window)
     if cost > rem:
         if mode == 2 and not fresh:
             ks.data[key] = count + cost

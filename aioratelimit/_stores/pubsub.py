@@ -1,9 +1,9 @@
 """The wake-up subscriber of a standalone or Sentinel store: one redis-py PubSub on a
 dedicated one-connection pool, so it never takes one of the store's connections.
 
-The ``Notifier`` (``_notify``) drives it: subscribe, unsubscribe, read messages; on any
-failure it closes this one and builds a new one, which connects afresh (to the promoted
-master, behind Sentinel).
+The ``Notifier`` (``_notify``) drives it: subscribe, unsubscribe, ping, read messages; on
+any failure (or a PING left unanswered) it closes this one and builds a new one, which
+connects afresh (to the promoted master, behind Sentinel).
 """
 
 from __future__ import annotations
@@ -52,6 +52,11 @@ class DedicatedPubSub:
 
     async def unsubscribe(self, channel: str) -> None:
         await self._pubsub.unsubscribe(channel)
+
+    async def ping(self) -> int:
+        """Send a PING (its PONG comes back as a message); returns how many PONGs are owed."""
+        await self._pubsub.ping()
+        return 1
 
     async def get_message(self, *, ignore_subscribe_messages: bool, timeout: float) -> Any:
         try:

@@ -29,8 +29,15 @@ from redis import exceptions as redis_errors
 from .._aio import Gate, Keeper
 from .._notify import Notifier
 from .._scripts import Arg, Reply, Script
-from .base import TRANSLATED, OnCall, observed, translate
-from .endpoint import Endpoint, endpoint
+from .base import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    TRANSLATED,
+    OnCall,
+    observed,
+    translate,
+)
+from .endpoint import Endpoint, check_server, endpoint
 from .pubsub import DedicatedPubSub
 from .wire import Link, ReplyError, pack
 
@@ -43,11 +50,15 @@ class _OnClient:
 
     publish_command = "PUBLISH"
 
-    __slots__ = ("_client", "_notifier")
+    __slots__ = ("_bound", "_client", "_notifier")
 
-    def __init__(self, client: Any) -> None:
+    def __init__(
+        self, client: Any, bound: float = DEFAULT_CONNECT_TIMEOUT + DEFAULT_TIMEOUT
+    ) -> None:
         self._client = client
         self._notifier: Notifier | None = None
+        # What bounds the subscriber's connect and SUBSCRIBE (connect_timeout + timeout).
+        self._bound = bound
 
     @property
     def client(self) -> Any:
@@ -56,7 +67,7 @@ class _OnClient:
     @property
     def notifier(self) -> Notifier:
         if self._notifier is None:
-            self._notifier = Notifier(self._subscriber)
+            self._notifier = Notifier(self._subscriber, bound=self._bound)
         return self._notifier
 
     def _subscriber(self) -> DedicatedPubSub:
@@ -109,7 +120,7 @@ class RedisStore(_OnClient):
         resolve: Callable[[], Awaitable[Endpoint]] | None = None,
     ) -> None:
         #: the redis-py client the wake-up subscriber connects with (closed with the store)
-        super().__init__(client)
+        super().__init__(client, connect_timeout + timeout)
         self.endpoint = endpoint
         self._resolve = resolve  # where the server is, asked anew at each connect (Sentinel)
         self._size = max_in_flight
@@ -201,13 +212,34 @@ class RedisStore(_OnClient):
 
 
 class ClientStore(_OnClient):
-    """Runs scripts through a client the application passed in (never closed by us)."""
+    """Runs scripts through a client the application passed in (never closed by us).
 
-    __slots__ = ()
+    Its first call checks the server once (``check_server``: a bare HELLO, which changes
+    nothing on the client's connection, and TIME); a refused server is asked again by the
+    next call."""
+
+    __slots__ = ("_checked",)
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client)
+        self._checked = False
+
+    async def _check(self, client: Any) -> None:
+        try:
+            hello = await client.execute_command("HELLO")
+        except redis_errors.ResponseError as exc:
+            message = str(exc).lower()
+            if "unknown command" not in message and "wrong number" not in message:
+                raise
+            hello = None  # older than 6.2 (6.0 needs HELLO's protocol version)
+        check_server(_named(client), hello, await client.execute_command("TIME"))
+        self._checked = True
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         client = self._client
         try:
+            if not self._checked:
+                await self._check(client)
             try:
                 return await client.evalsha(script.sha, len(keys), *keys, *args)
             except redis_errors.NoScriptError:
@@ -216,6 +248,15 @@ class ClientStore(_OnClient):
                 return await client.eval(script.source, len(keys), *keys, *args)
         except TRANSLATED as exc:
             raise translate(exc, script) from exc
+
+
+def _named(client: Any) -> str:
+    """What a passed-in client's server is called in an error: its host and port."""
+    try:
+        kwargs = client.connection_pool.connection_kwargs
+        return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+    except AttributeError:
+        return "the server"
 
 
 def standalone_store(

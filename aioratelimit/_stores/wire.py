@@ -26,8 +26,9 @@ What a caller may rely on:
   watches the oldest pending reply only (replies come in order, so it is always the first
   to be overdue).
 
-The connection set-up (TLS, AUTH with an ACL user, CLIENT SETNAME, SELECT) is ``Endpoint``'s
-handshake, sent as the first commands.
+The connection set-up (TLS, AUTH with an ACL user, CLIENT SETNAME, SELECT, and the server
+check: HELLO for the version, TIME for the clock) is ``Endpoint``'s handshake, sent as the
+first commands in one write (no round trip of its own).
 """
 
 from __future__ import annotations
@@ -236,7 +237,9 @@ async def connect(endpoint: Endpoint, *, timeout: float, connect_timeout: float)
     """A new wire to ``endpoint``, its handshake answered, within ``connect_timeout``.
 
     A refused handshake (a wrong password, an unknown ACL user, a bad database) raises its
-    ``hiredis.ReplyError``; a network failure ``OSError`` or ``TimeoutError``.
+    ``hiredis.ReplyError``; a server the scripts cannot run on (older than Redis 6.2, a
+    6.2 cluster, a zero clock) ``BackendError``; a network failure ``OSError`` or
+    ``TimeoutError``.
     """
     loop = asyncio.get_running_loop()
     wire = Wire(endpoint.address, timeout)
@@ -249,10 +252,7 @@ async def connect(endpoint: Endpoint, *, timeout: float, connect_timeout: float)
             )
         try:
             replies = [wire.send(pack_command(*command)) for command in endpoint.handshake()]
-            for reply in replies:
-                answer = await reply
-                if isinstance(answer, ReplyError):
-                    raise answer
+            endpoint.checked([await reply for reply in replies])
         except BaseException:
             wire.abort(ConnectionError(f"the handshake with {endpoint.address} failed"))
             for reply in replies:

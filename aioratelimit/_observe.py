@@ -1,0 +1,208 @@
+"""Instrumentation: what the primitives report, and the one recorder that hears it.
+
+``recorder`` is None until instrumentation is switched on (``aioratelimit.otel.instrument``
+or ``set_recorder``); a hot path (a decision, an acquire, a claim) tests it once and, when
+it is None, does nothing else. Everything reported names the operation (the limiter's
+name, its algorithm, lock or semaphore, the outcome), never the user's key, token or lock
+name: those are unbounded and private. A recorder is a ``Recorder`` (a base class whose
+methods do nothing): ``aioratelimit.otel`` turns its calls into OpenTelemetry instruments;
+an application without OpenTelemetry subclasses it (both public: ``docs/metrics.md``).
+
+Hooks for the producers other parts of the package add (the lead wires them):
+``decided(..., result=DENIED_CACHED | DEGRADED | SHADOW_DENIED)`` for a decision that did not
+come from the script, and ``breaker_changed(state)`` when a circuit breaker changes state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from ._errors import BackendError, BackendUnavailable, LockTimeout
+from ._rates import Decision
+from ._scripts import Claim
+
+T = TypeVar("T")
+
+# -- the vocabularies (attribute values; each is a closed set) ---------------------------
+
+#: A decision's result (``aioratelimit.rate_limiting.result``).
+ALLOWED = "allowed"
+DENIED = "denied"
+DENIED_CACHED = "denied_cached"  # denied by the local cache of denials, without a round trip
+DEGRADED = "degraded"  # answered by the fallback policy while the backend is unavailable
+SHADOW_DENIED = "shadow_denied"  # would have been denied; admitted because the limit is shadowed
+ERROR = "error"  # no decision: the backend failed (the error is counted in backend errors)
+RESULTS = (ALLOWED, DENIED, DENIED_CACHED, DEGRADED, SHADOW_DENIED, ERROR)
+
+#: How a lock or semaphore acquire ended (``aioratelimit.lock.result``).
+ACQUIRED, TIMEOUT, CANCELED = "acquired", "timeout", "canceled"
+ACQUIRE_RESULTS = (ACQUIRED, TIMEOUT, CANCELED, ERROR)
+
+#: How one background renewal ended: extended, refused (the lease was gone), or failed
+#: (the backend did not answer; it is tried again until the lease's deadline).
+RENEWED, REFUSED, FAILED = "renewed", "refused", "failed"
+RENEWAL_RESULTS = (RENEWED, REFUSED, FAILED)
+
+#: What a claim of an idempotency key found (``aioratelimit.idempotency.outcome``).
+FIRST_RUN, REPLAY, IN_PROGRESS, MISMATCH = "first_run", "replay", "in_progress", "mismatch"
+OUTCOMES = (FIRST_RUN, REPLAY, IN_PROGRESS, MISMATCH)
+
+#: A circuit breaker's states (``aioratelimit.breaker.state``).
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+BREAKER_STATES = (CLOSED, OPEN, HALF_OPEN)
+
+#: Why a backend call failed (``aioratelimit.backend.reason``), next to ``error.type``.
+REASONS = ("timeout", "unreachable", "busy", "error_reply")
+
+
+class Recorder:
+    """What instrumentation hears: subclass it, override what you collect, and install it
+    with ``set_recorder`` (every method here does nothing). Times are seconds; no argument
+    is ever a user's key, token or lock name. Each method is called on the event loop, on
+    the path of the operation it reports: keep it short and never let it raise."""
+
+    __slots__ = ()
+
+    def decision(
+        self, limiter: str | None, algorithm: str, result: str, seconds: float, decision: Any
+    ) -> None:
+        """One rate-limit decision: the limiter's ``name``, its algorithm (the script:
+        ``fixed_window``, ``sliding_window``, ``token_bucket``), the result (``RESULTS``), how
+        long it took, and its ``Decision`` (None without one: an error)."""
+
+    def acquire(self, kind: str, result: str, seconds: float) -> None:
+        """One lock (``kind="lock"``) or semaphore acquire, waits included, by how it ended
+        (``ACQUIRE_RESULTS``)."""
+
+    def renewal(self, kind: str, result: str) -> None:
+        """One background renewal of a lease (``RENEWAL_RESULTS``)."""
+
+    def lost(self, kind: str) -> None:
+        """A lease lost under its ``async with`` block (``LockLost``)."""
+
+    def claim(self, name: str | None, outcome: str) -> None:
+        """One claim of an idempotency key (``name``: the store's or decorator's ``name=``,
+        never the key) by what it found (``OUTCOMES``)."""
+
+    def backend_error(self, error_type: str, reason: str, script: str | None) -> None:
+        """A call to the backend raised ``error_type`` (``"BackendUnavailable"`` or
+        ``"BackendError"``) for ``reason`` (``REASONS``), running ``script`` if known."""
+
+    def breaker(self, state: str, server: str | None) -> None:
+        """A circuit breaker entered ``state`` (``BREAKER_STATES``)."""
+
+
+#: The recorder, or None: instrumentation off (the one test a hot path makes).
+recorder: Recorder | None = None
+
+#: The name of the limiter whose decision is in flight in this context (spans read it).
+LIMITER: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "aioratelimit_limiter", default=None
+)
+
+_clock = time.perf_counter
+
+
+def set_recorder(new: Recorder | None) -> Recorder | None:
+    """Make ``new`` the recorder every primitive reports to (None: off, the default);
+    returns the one it replaces."""
+    global recorder
+    if new is not None and not isinstance(new, Recorder):
+        raise TypeError(f"a recorder must be an aioratelimit.Recorder, not {type(new).__name__}")
+    old, recorder = recorder, new
+    return old
+
+
+# -- what primitives call when ``recorder`` is not None ----------------------------------
+
+
+async def decide(
+    limiter: str | None, algorithm: str, send: Callable[..., Awaitable[Any]], *args: Any
+) -> Decision:
+    """``Decision.from_reply(await send(*args))``, timed and reported as one decision."""
+    began = _clock()
+    token = LIMITER.set(limiter)
+    try:
+        decision = Decision.from_reply(await send(*args))
+    except (BackendUnavailable, BackendError):  # not bad input: that is no decision at all
+        decided(limiter, algorithm, ERROR, _clock() - began, None)
+        raise
+    finally:
+        LIMITER.reset(token)
+    decided(limiter, algorithm, ALLOWED if decision.allowed else DENIED, _clock() - began, decision)
+    return decision
+
+
+def decided(
+    limiter: str | None, algorithm: str, result: str, seconds: float, decision: Any = None
+) -> None:
+    """Report one decision made elsewhere (the local deny cache, a fallback, shadow mode)."""
+    if recorder is not None:
+        recorder.decision(limiter, algorithm, result, seconds, decision)
+
+
+async def acquire(kind: str, call: Awaitable[T]) -> T:
+    """``await call`` (a lock's or semaphore's acquire), timed and reported by its end
+    (bad arguments, refused before any I/O, are not reported)."""
+    began = _clock()
+    try:
+        lease = await call
+    except LockTimeout:
+        _acquired(kind, TIMEOUT, began)
+        raise
+    except asyncio.CancelledError:
+        _acquired(kind, CANCELED, began)
+        raise
+    except (BackendUnavailable, BackendError):
+        _acquired(kind, ERROR, began)
+        raise
+    _acquired(kind, ACQUIRED, began)
+    return lease
+
+
+def _acquired(kind: str, result: str, began: float) -> None:
+    if recorder is not None:
+        recorder.acquire(kind, result, _clock() - began)
+
+
+#: A claim's outcome by the first element of ``idem_claim``'s reply.
+_CLAIMS: dict[int, str] = {
+    Claim.CLAIMED: FIRST_RUN,
+    Claim.COMPLETED: REPLAY,
+    Claim.IN_PROGRESS: IN_PROGRESS,
+    Claim.MISMATCH: MISMATCH,
+}
+
+
+def claimed(name: str | None, code: int) -> None:
+    """Report one idempotency claim by the code its script answered."""
+    if recorder is not None:
+        recorder.claim(name, _CLAIMS[code])
+
+
+def renewal(kind: str, result: str) -> None:
+    if recorder is not None:
+        recorder.renewal(kind, result)
+
+
+def lost(kind: str) -> None:
+    if recorder is not None:
+        recorder.lost(kind)
+
+
+def backend_error(error: BaseException, reason: str, script: str | None) -> None:
+    if recorder is not None:
+        recorder.backend_error(type(error).__name__, reason, script)
+
+
+def breaker_changed(state: str, server: str | None = None) -> None:
+    """Report that a circuit breaker entered ``state`` (``CLOSED``, ``OPEN``, ``HALF_OPEN``);
+    ``server`` names what it guards (``host:port``), never a URL with a password."""
+    if state not in BREAKER_STATES:
+        raise ValueError(f"a breaker state is one of {BREAKER_STATES}, not {state!r}")
+    if recorder is not None:
+        recorder.breaker(state, server)
