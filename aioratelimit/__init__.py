@@ -22,11 +22,13 @@ from ._errors import (
     ResultTooLarge,
     TokenRejected,
 )
+from ._failure import Breaker, Fallback
 from ._idempotent import idempotent
 from ._lease import Hold, Lease
+from ._limiters import FixedWindow, SlidingWindow, TokenBucket
 from ._lock import Lock, Semaphore, lock, semaphore
 from ._observe import Recorder, set_recorder
-from ._ratelimit import Admission, FixedWindow, Limiter, SlidingWindow, TokenBucket
+from ._ratelimit import Admission, Limiter
 from ._rates import Decision, Rate
 from ._results import Serializer
 from ._scripts import ScriptCall
@@ -43,7 +45,9 @@ __all__ = [
     "Backend",
     "BackendError",
     "BackendUnavailable",
+    "Breaker",
     "Decision",
+    "Fallback",
     "FixedWindow",
     "Hold",
     "IdempotencyInProgress",

@@ -16,12 +16,23 @@ from ._args import check_key, from_us
 from ._backend import Backend
 from ._idempotency import IdempotencyStore
 from ._lock import Lock, Semaphore
+from ._ratelimit import Limiter
 from ._scripts import IdemState
 
 
 def _ttl(pttl_ms: int) -> float | None:
     """A PTTL reply in seconds; ``None`` for a key without an expiry (-1) or missing (-2)."""
     return pttl_ms / 1000 if pttl_ms >= 0 else None
+
+
+async def blocked_for(limiter: Limiter, key: str) -> tuple[float, int]:
+    """How long ``limiter.block(key, ...)`` still denies ``key`` (seconds, 0.0 when no block
+    runs) and the server clock (µs) it was read at (``limiter_blocked``: reads only)."""
+    check_key(key)
+    backend = limiter.backend
+    head = backend.head(limiter._kind, limiter.name)
+    left, now = await backend.run(_scripts.LIMITER_BLOCKED, [_keys.block(head, key)], ())
+    return from_us(int(left)), int(now)
 
 
 @dataclass(frozen=True, slots=True)

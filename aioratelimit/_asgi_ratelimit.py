@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 
 from ._asgi_types import ASGIApp, Receive, Scope, Send
 from ._errors import BackendUnavailable
+from ._failure import Breaker, Fallback
 from ._http_answers import (
     UNAVAILABLE_RETRY_AFTER,
     OutageLog,
@@ -30,6 +31,7 @@ from ._ratelimit import Limiter
 from ._rates import Decision
 from ._request_keys import KeyFunc, check_key_func, client_ip, resolve
 from ._routes import Template, matches_any, methods_of, route_path, templates
+from ._web_policy import WebPolicy, shadow_fields
 
 
 class Rule:
@@ -97,8 +99,13 @@ class RateLimitMiddleware:
     429 or 503 instead: it returns any ASGI app, such as a Starlette ``Response``.
 
     When the backend is unreachable the request gets ``503`` with ``Retry-After`` (fail
-    closed), or with ``fail_open=True`` passes unlimited; either way a WARNING goes to the
-    ``aioratelimit`` logger (at most one line per 10 s during an outage, with a count).
+    closed, ``on_unavailable="deny"``), or with ``on_unavailable="allow"`` (or
+    ``fail_open=True``) passes unlimited, or with ``on_unavailable=Fallback(share)`` is
+    counted on an in-process limiter with ``share`` of the limits; either way a WARNING
+    goes to the ``aioratelimit`` logger (at most one line per 10 s during an outage, with a
+    count). ``breaker=Breaker(...)`` stops calling the backend for a cool-down after
+    consecutive failures (``_web_policy``). ``shadow=True`` never refuses: the request
+    passes, with ``X-RateLimit-Shadow: denied`` when the limit would have refused it.
     WebSocket and lifespan scopes pass through untouched.
     """
 
@@ -106,6 +113,7 @@ class RateLimitMiddleware:
         "_default",
         "_exempt",
         "_outage",
+        "_policy",
         "_retry_unavailable",
         "_rules",
         "app",
@@ -128,6 +136,9 @@ class RateLimitMiddleware:
         unavailable_retry_after: float = UNAVAILABLE_RETRY_AFTER,
         legacy_headers: bool = False,
         respond: RespondFunc | None = None,
+        on_unavailable: str | Fallback | None = None,
+        breaker: Breaker | None = None,
+        shadow: bool = False,
     ) -> None:
         key = check_key_func(key, "key")
         if key is None:
@@ -138,7 +149,8 @@ class RateLimitMiddleware:
         if limiter is None and not rules:
             raise ValueError("RateLimitMiddleware needs a limiter, rules, or both")
         self.app = app
-        self.fail_open = bool(fail_open)
+        self._policy = WebPolicy(on_unavailable, bool(fail_open), breaker, shadow)
+        self.fail_open = self._policy.fail_open
         self.legacy_headers = bool(legacy_headers)
         self.respond = check_respond(respond)
         self._exempt = templates(exempt)
@@ -170,7 +182,7 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send)
             return
         try:
-            decision = await pick.limiter.hit(key, pick.cost)
+            decision = await self._policy.hit(pick.limiter, key, pick.cost)
         except BackendUnavailable as exc:
             self._outage(exc, self.fail_open)
             if self.fail_open:
@@ -180,6 +192,8 @@ class RateLimitMiddleware:
                 await self._refuse(scope, receive, send, 503, detail, self._retry_unavailable)
             return
         headers = pick.policy.headers(decision, self.legacy_headers)
+        if decision.shadow:
+            headers = [*headers, *shadow_fields(decision)]
         if not decision.allowed:
             detail = exceeded_detail(decision)
             await self._refuse(scope, receive, send, 429, detail, headers, decision, pick)

@@ -61,10 +61,6 @@ class Backend:
     def __init__(self, client: Any, *, prefix: str = "arl") -> None:
         if client is None:
             raise TypeError("Backend(client) needs a redis.asyncio client; use from_url()")
-        if not (hasattr(client, "evalsha") and hasattr(client, "eval")):
-            raise TypeError(
-                f"Backend(client) needs a redis.asyncio client, not {type(client).__name__}"
-            )
         self._setup(_wrap(client), prefix, "client://", DEFAULT_TIMEOUT)
 
     def _setup(self, store: Store, prefix: str, url: str, timeout: float) -> None:
@@ -244,10 +240,37 @@ def memory_backend(
     return Backend._of(store, prefix=prefix, url="memory://", timeout=timeout)
 
 
+#: What ``Backend(client)`` takes (anything else is a TypeError at once).
+_CLIENTS = (
+    "redis.asyncio.Redis (fakeredis.FakeAsyncRedis too), redis.asyncio.RedisCluster or"
+    " valkey.asyncio.Valkey"
+)
+
+
 def _wrap(client: Any) -> Store:
-    """The store for a client the application passes in (never closed by the backend)."""
+    """The store for a client the application passes in (never closed by the backend):
+    redis-py's asyncio ``Redis`` (or a subclass: fakeredis's, Sentinel's ``master_for``),
+    its ``RedisCluster``, or valkey-py's asyncio ``Valkey``."""
+    import redis.asyncio as aredis
     from redis.asyncio.cluster import RedisCluster
 
+    named = f"{type(client).__module__}.{type(client).__qualname__}"
+    if type(client).__module__.split(".")[0] == "valkey":
+        import valkey.asyncio
+
+        if isinstance(client, valkey.asyncio.Valkey):
+            from ._stores.standalone import ClientStore
+
+            return ClientStore(client, family="valkey")
+        raise TypeError(
+            f"Backend(client) takes {_CLIENTS}, not {named} (a Valkey cluster: pass a"
+            " redis+cluster:// URL to Backend.from_url)"
+        )
+    if not isinstance(client, (aredis.Redis, RedisCluster)):
+        hint = (
+            " (a synchronous client: use its redis.asyncio twin)" if hasattr(client, "eval") else ""
+        )
+        raise TypeError(f"Backend(client) takes {_CLIENTS}, not {named}{hint}")
     if isinstance(client, RedisCluster):
         from ._stores.cluster import ClusterStore
 

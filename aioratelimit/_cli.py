@@ -19,6 +19,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from typing import NoReturn
 
 from ._backend import Backend
 from ._cli_output import EXIT_USAGE, CliError, open_backend, resolve_url, table
@@ -33,6 +34,13 @@ EXIT_PIPE = 141
 Command = Callable[[argparse.Namespace, Backend], Awaitable[int]]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, its usage errors on one line (where to find the usage named in it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"aioratelimit: error: {message} (usage: {self.prog} --help)\n")
+
+
 def _version() -> str:
     from . import __version__
 
@@ -42,7 +50,7 @@ def _version() -> str:
 def _parser() -> argparse.ArgumentParser:
     from . import _cli_bench, _cli_demo, _cli_doctor, _cli_state
 
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument(
         "--url",
         default=None,
@@ -51,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     common.add_argument("--prefix", default="arl", help="the key prefix (configure(prefix=))")
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="aioratelimit",
         description="Distributed rate limits, locks and idempotency for asyncio on Redis.",
     )
@@ -140,7 +148,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     check: Callable[[argparse.Namespace], None] | None = getattr(args, "check", None)
     if check is not None:
         check(args)  # bad input: raised before any backend exists
-    backend = open_backend(url, args.prefix)
+    backend = open_backend(url, args.prefix, source)
     sync = getattr(args, "sync", None)
     if sync is not None:
         return int(sync(args, backend))

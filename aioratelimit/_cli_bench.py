@@ -19,7 +19,7 @@ from typing import Any
 from . import _scripts
 from ._backend import Backend
 from ._cli_output import CliError, out, table, where
-from ._ratelimit import FixedWindow
+from ._limiters import FixedWindow
 from ._rates import Rate
 
 #: The schemes of one server: what the redis-py floor can talk to (and memory://, with no

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 from ._backend import Backend
 from ._cli_output import out, table, where
-from ._ratelimit import FixedWindow, Limiter, SlidingWindow, TokenBucket
+from ._limiters import FixedWindow, SlidingWindow, TokenBucket
+from ._ratelimit import Limiter
 from ._rates import Decision
 
 #: The scene: this many concurrent requests against limits of 5 per 2 seconds.

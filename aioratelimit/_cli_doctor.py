@@ -18,8 +18,8 @@ from . import _admin
 from ._backend import Backend
 from ._cli_output import CliError, open_backend, out
 from ._errors import AioRateLimitError, BackendError, BackendUnavailable
+from ._limiters import FixedWindow, SlidingWindow, TokenBucket
 from ._lock import Lock, Semaphore
-from ._ratelimit import FixedWindow, SlidingWindow, TokenBucket
 from ._scripts import MIN_REDIS_VERSION, ScriptCall
 from ._urls import redact
 
@@ -71,6 +71,7 @@ def main(args: argparse.Namespace) -> int:
     backend = open_backend(
         args.url,
         args.prefix,
+        args.url_source,
         timeout=args.timeout,
         connect_timeout=args.timeout,
         on_call=seen,

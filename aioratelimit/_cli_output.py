@@ -30,12 +30,14 @@ def resolve_url(url: str | None) -> tuple[str, str]:
     return "memory://", "the default: neither --url nor REDIS_URL is set"
 
 
-def open_backend(url: str, prefix: str, **options: object) -> Backend:
-    """``Backend.from_url``, its bad-input errors turned into one line (nothing sent)."""
+def open_backend(url: str, prefix: str, source: str = "--url", **options: object) -> Backend:
+    """``Backend.from_url``, its bad-input errors turned into one line (nothing sent) that
+    names where the URL came from (``resolve_url``)."""
     try:
         return Backend.from_url(url, prefix=prefix, **options)  # type: ignore[arg-type]
     except (ValueError, TypeError) as exc:
-        raise CliError(f"invalid --url {redact(url)!r}: {exc}") from None
+        what = "--url" if source == "--url" else source.split(":")[0]
+        raise CliError(f"invalid {what} {redact(url)!r}: {exc}") from None
 
 
 def where(backend: Backend) -> str:

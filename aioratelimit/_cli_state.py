@@ -12,13 +12,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 from collections.abc import Callable
 
 from . import _admin
 from ._backend import Backend
 from ._cli_output import CliError, out, seconds, table, where
+from ._limiters import FixedWindow, SlidingWindow, TokenBucket
 from ._lock import Lock, Semaphore
-from ._ratelimit import FixedWindow, Limiter, SlidingWindow, TokenBucket
+from ._ratelimit import Limiter
 from ._rates import Decision
 from ._scripts import IdemState
 
@@ -37,22 +39,30 @@ def add_limiter_spec(parser: argparse.ArgumentParser) -> None:
 
 def limiters(args: argparse.Namespace, backend: Backend) -> list[tuple[str, Limiter]]:
     """One limiter per rate of the spec (each rate has its own key), with its label; bad
-    rates are ``CliError`` before any I/O."""
+    rates are ``CliError`` before any I/O. Each is ``blockable``: an operator's peek reads,
+    and a reset lifts, the key's block, whether or not the application's limiter is."""
     try:
         if args.fixed:
             return [
-                (f"FixedWindow {r}", FixedWindow(r, backend=backend, name=args.name))
+                (
+                    f"FixedWindow {r}",
+                    FixedWindow(r, backend=backend, name=args.name, blockable=True),
+                )
                 for r in args.fixed
             ]
         if args.sliding:
             return [
                 (
                     f"SlidingWindow {r} buckets={args.buckets}",
-                    SlidingWindow(r, buckets=args.buckets, backend=backend, name=args.name),
+                    SlidingWindow(
+                        r, buckets=args.buckets, backend=backend, name=args.name, blockable=True
+                    ),
                 )
                 for r in args.sliding
             ]
-        bucket = TokenBucket(args.token, burst=args.burst, backend=backend, name=args.name)
+        bucket = TokenBucket(
+            args.token, burst=args.burst, backend=backend, name=args.name, blockable=True
+        )
         return [(f"TokenBucket {args.token} burst={bucket.burst}", bucket)]
     except (ValueError, TypeError) as exc:
         raise CliError(f"invalid limiter spec: {exc}") from None
@@ -64,28 +74,38 @@ def _used(d: Decision) -> int:
 
 
 async def status_lines(limiter: Limiter, key: str) -> list[tuple[str, str]]:
-    """The lines under a limiter's table, (label, value). This is the one place a new
-    state of a key adds its line: the ``penalties`` branch's ``block()`` adds
-    ``("blocked until", <instant>)`` here."""
+    """The lines under a limiter's table, (label, value): the one place a state of a key
+    adds its line (``block()``'s "blocked until" is one)."""
+    lines = []
+    left, now_us = await _admin.blocked_for(limiter, key)
+    if left > 0:
+        ends = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now_us / 1e6 + left))
+        lines.append(("blocked until", f"{ends} (for {seconds(left)} more; reset lifts it)"))
     d = await limiter.peek(key)
     verdict = "allowed" if d.allowed else f"denied, retry after {seconds(d.retry_after)}"
-    return [("next hit", verdict)]
+    lines.append(("next hit", verdict))
+    return lines
 
 
 async def inspect_limit(args: argparse.Namespace, backend: Backend) -> int:
     key = args.key
     built = limiters(args, backend)
+    # The key's state under all its rates together (what hit() would answer).
+    every = _together(args, backend, type(built[0][1]))
+    status = await status_lines(every, key)
+    blocked = status[0][0] == "blocked until"
     rows = []
     for label, limiter in built:
+        if blocked:  # a peek answers the block, not the counts: nothing is admitted
+            rows.append([label, "-", "0", "-"])
+            continue
         d = await limiter.peek(key)
         used = _used(d)
         reset = seconds(d.reset_after) if used else "-"
         rows.append([label, str(used), str(d.limit - used), reset])
-    # The key's verdict under all its rates together (what hit() would answer).
-    every = _together(args, backend, type(built[0][1]))
     out(f"key {key!r} on {where(backend)}")
     out(table(["limiter", "used", "remaining", "reset after"], rows))
-    for label, value in await status_lines(every, key):
+    for label, value in status:
         out(f"  {label}: {value}")
     return 0
 
@@ -93,10 +113,14 @@ async def inspect_limit(args: argparse.Namespace, backend: Backend) -> int:
 def _together(args: argparse.Namespace, backend: Backend, kind: type[Limiter]) -> Limiter:
     """The limiter the application runs: every rate of the spec in one."""
     if kind is FixedWindow:
-        return FixedWindow(*args.fixed, backend=backend, name=args.name)
+        return FixedWindow(*args.fixed, backend=backend, name=args.name, blockable=True)
     if kind is SlidingWindow:
-        return SlidingWindow(*args.sliding, buckets=args.buckets, backend=backend, name=args.name)
-    return TokenBucket(args.token, burst=args.burst, backend=backend, name=args.name)
+        return SlidingWindow(
+            *args.sliding, buckets=args.buckets, backend=backend, name=args.name, blockable=True
+        )
+    return TokenBucket(
+        args.token, burst=args.burst, backend=backend, name=args.name, blockable=True
+    )
 
 
 async def inspect_lock(args: argparse.Namespace, backend: Backend) -> int:

@@ -25,7 +25,8 @@ from typing import Any
 
 from ._args import check_key
 from ._asgi_types import ASGIApp, Message, Scope, Send
-from ._ratelimit import FixedWindow, Limiter, SlidingWindow, TokenBucket
+from ._limiters import FixedWindow, SlidingWindow, TokenBucket
+from ._ratelimit import Limiter
 from ._rates import Decision
 
 log = logging.getLogger("aioratelimit")

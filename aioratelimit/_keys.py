@@ -56,6 +56,12 @@ def block(limiter_head: str, key: str) -> str:
     return tagged(limiter_head, key, ":block")
 
 
+def rate_channel(head: str, key: str) -> str:
+    """The channel a limiter's deny caches listen on for ``key`` (its keys' hash tag): told
+    by ``lua/rate_invalidate.lua`` when a reset (or a refund, a block) changes the key."""
+    return tagged(head, key, ":inv")
+
+
 #: The kinds of records, the second part of their keys (``head(prefix, kind, name)``).
 TOKEN_KIND = "tok"
 IDEMPOTENCY_KIND = "idem"

@@ -142,6 +142,7 @@ class Notifier:
         "_subs",
         "_tasks",
         "_wanted",
+        "epoch",
         "ping_every",
     )
 
@@ -165,10 +166,29 @@ class Notifier:
         self._tasks: set[asyncio.Task[None]] = set()
         # The event loop the reader, the subscriber connection and the futures belong to.
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: counts the subscriber connections lost (or given up): a listener that must not
+        #: miss a message (the deny cache) trusts only what it learned in the same epoch
+        self.epoch = 0
 
     def subscribe(self, channel: str, *, wake_all: bool = False) -> Subscription:
         """A subscription to enter with ``async with`` before the attempt it guards."""
         return Subscription(self, channel, wake_all)
+
+    def confirmed(self, channel: str) -> bool:
+        """Is ``channel`` subscribed on the server now (always, in-process)? A subscription
+        whose confirmation timed out or was refused is not."""
+        if self._factory is None:
+            return True
+        fut = self._confirmed.get(channel)
+        return fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None
+
+    def attach(self, sub: Subscription) -> bool:
+        """Add ``sub`` now, without waiting, if messages come from this process (True: it
+        hears every message from here on); else False, and ``async with sub`` it."""
+        if self._factory is not None:
+            return False
+        self._subs.setdefault(sub.channel, []).append(sub)
+        return True
 
     def arrive(self, channel: str) -> int:
         """Count one more acquire in flight on ``channel`` in this process; returns how many
@@ -378,6 +398,7 @@ class Notifier:
             self.deliver(channel, data if isinstance(data, (bytes, str)) else b"")
 
     async def _drop_pubsub(self) -> None:
+        self.epoch += 1
         if self._wanted is not None:
             self._wanted.clear()
         pubsub, self._pubsub = self._pubsub, None

@@ -137,6 +137,38 @@ async def decide(
     return decision
 
 
+async def guarded(limiter: str | None, algorithm: str, call: Awaitable[Decision]) -> Decision:
+    """``await call`` (a decision through a limiter's options: ``_guard``), timed and
+    reported with the result its fields say (``result_of``)."""
+    began = _clock()
+    token = LIMITER.set(limiter)
+    try:
+        decision = await call
+    except (BackendUnavailable, BackendError):
+        decided(limiter, algorithm, ERROR, _clock() - began, None)
+        raise
+    finally:
+        LIMITER.reset(token)
+    decided(limiter, algorithm, result_of(decision), _clock() - began, decision)
+    return decision
+
+
+def result_of(decision: Decision) -> str:
+    """The result a decision reports: where it came from, and what it said."""
+    if decision.shadow:
+        return SHADOW_DENIED if decision.shadow_denied else ALLOWED
+    if decision.source == "cache":
+        return DENIED_CACHED
+    if decision.degraded:
+        return DEGRADED
+    return ALLOWED if decision.allowed else DENIED
+
+
+def breaker_listener(breaker: object, old: str, new: str) -> None:
+    """A ``Breaker.on_change`` listener: every change of state reported (``breaker_changed``)."""
+    breaker_changed(new)
+
+
 def decided(
     limiter: str | None, algorithm: str, result: str, seconds: float, decision: Any = None
 ) -> None:

@@ -1,25 +1,30 @@
-"""Rate limiters: ``FixedWindow``, ``SlidingWindow`` and ``TokenBucket`` (GCRA).
+"""``Limiter``, the common base of the rate limiters (``_limiters``: ``FixedWindow``,
+``SlidingWindow`` and ``TokenBucket``), and ``Admission``, its ``async with``.
 
 Each decision is one script run (``lua/fixed_window.lua``, ``lua/sliding_window.lua``,
 ``lua/token_bucket.lua``) over one key per (user key, rate), and the key's block for a
-limiter made with ``blockable=True``, all under the user key's hash tag. The three classes
+limiter made with ``blockable=True``, all under the user key's hash tag. The three limiters
 share everything but the scripts and their arguments: validation, key building, the
 reply-to-``Decision`` decoding, blocks and refunds (one script each), the context manager
-and the decorator; waiting is ``_waiting``.
+and the decorator. Waiting is ``_waiting``; the
+deny cache, the failure policy and shadow mode are ``_guard``'s (a limiter without them
+never enters it).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from . import _keys, _observe, _scripts, _waiting
+from . import _guard, _keys, _observe, _scripts, _waiting
 from ._args import check_int, check_key, check_seconds, check_timeout, from_us, to_us
 from ._backend import Backend, get_backend
+from ._deny_cache import DenyCache
 from ._errors import RateLimited
-from ._rates import Decision, Rate, RateLike, as_rate
+from ._failure import Breaker, Fallback, Policy
+from ._rates import Decision, Rate
 from ._scripts import Mode, Script
 
 P = ParamSpec("P")
@@ -27,9 +32,6 @@ R = TypeVar("R")
 
 #: Script modes as plain ints (what the wire packs fastest).
 _PEEK, _PARTIAL = int(Mode.PEEK), int(Mode.PARTIAL)
-
-#: Most sub-window buckets a SlidingWindow may use (the script reads them all per hit).
-MAX_BUCKETS = 1000
 
 
 class Limiter:
@@ -44,13 +46,19 @@ class Limiter:
         "_args",
         "_backend",
         "_blockable",
+        "_breaker",
+        "_cache",
+        "_fallback",
         "_head_id",
         "_hit_mode",
         "_max_cost",
+        "_plain",
         "_refund_args",
         "_suffixes",
         "count_denied",
         "name",
+        "on_unavailable",
+        "shadow",
     )
 
     _script: Script
@@ -91,6 +99,45 @@ class Limiter:
         self._args: tuple[int, ...] = ()
         self._refund_args: tuple[int, ...] = ()  # the refund script's, after the cost
         self._max_cost = 0
+        # Set by ``_options`` (a subclass calls it once its rates are known).
+        self._cache: DenyCache | None = None
+        self._breaker: Breaker | None = None
+        self._fallback: Limiter | None = None
+        self.on_unavailable: Policy = "raise"
+        self.shadow = False
+        self._plain = True
+
+    def _options(
+        self,
+        rates: tuple[Rate, ...],
+        deny_cache: int | None,
+        on_unavailable: Policy,
+        breaker: Breaker | None,
+        shadow: bool,
+    ) -> None:
+        """The options on top of the plain decision (``_guard``); with all of them off a
+        decision stays the one script call it was."""
+        if deny_cache is not None and self.count_denied:
+            # A cached denial never reaches the server, where a denied hit must be counted.
+            raise ValueError("deny_cache cannot be combined with count_denied=True")
+        options = _guard.Options(self.name or self._kind, rates, deny_cache, on_unavailable)
+        self._cache, self.on_unavailable = options.cache, options.policy
+        self._breaker, self.shadow = options.breaker(breaker), options.shadow(shadow)
+        if self._breaker is not None:
+            self._breaker.on_change(_observe.breaker_listener)
+        if isinstance(self.on_unavailable, Fallback):
+            # Its own memory:// store: counted in this process only, never sent anywhere.
+            self._fallback = self._scaled(self.on_unavailable, Backend.from_url("memory://"))
+        self._plain = self._cache is None and self._breaker is None and not self.shadow
+
+    def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
+        """The same limiter with every limit scaled to ``share``, on ``backend``."""
+        raise NotImplementedError
+
+    @property
+    def breaker(self) -> Breaker | None:
+        """The circuit breaker in front of the backend (None: every call goes to it)."""
+        return self._breaker
 
     @property
     def backend(self) -> Backend:
@@ -134,6 +181,10 @@ class Limiter:
         return backend.run(self._script, self._keys(backend, key), args)
 
     async def _decide(self, key: str, cost: int, mode: int, *extra: int) -> Decision:
+        if not self._plain and not extra:  # (a TokenBucket waiter's booking: no options)
+            return _guard.cached(self, key, cost, mode) or await _guard.decide(
+                self, key, cost, mode
+            )
         if _observe.recorder is not None:
             return await _observe.decide(
                 self.name, self._script.name, self._send, key, cost, mode, *extra
@@ -154,6 +205,10 @@ class Limiter:
             mode = self._hit_mode + _PARTIAL
         else:
             raise TypeError(f"partial must be a bool, not {type(partial).__name__}")
+        if not self._plain:
+            return _guard.cached(self, key, cost, mode) or await _guard.decide(
+                self, key, cost, mode
+            )
         # Instrumentation off costs this one test (benchmarks/bench_observability.py).
         if _observe.recorder is not None:
             return await _observe.decide(self.name, self._script.name, self._send, key, cost, mode)
@@ -164,14 +219,19 @@ class Limiter:
         if partial is not True and partial is not False:
             raise TypeError(f"partial must be a bool, not {type(partial).__name__}")
         mode = _PEEK + _PARTIAL if partial else _PEEK
+        if not self._plain:
+            return _guard.cached(self, key, cost, mode) or await _guard.decide(
+                self, key, cost, mode
+            )
         return Decision.from_reply(await self._send(key, cost, mode))
 
     async def reset(self, key: str) -> None:
-        """Forget every hit counted for ``key`` (under every rate of this limiter), and lift
-        its block."""
+        """Forget every hit counted for ``key`` (under every rate of this limiter), lift its
+        block, and tell every process's deny cache (one script)."""
         check_key(key)
-        backend = self._backend or get_backend()
-        await backend.run(_scripts.DELETE, self._keys(backend, key), ())
+        await self._invalidate(key, reset=True)
+        if self._fallback is not None:
+            await self._fallback.reset(key)
 
     async def block(self, key: str, seconds: float) -> float:
         """Deny every hit for ``key`` for ``seconds``, in every process (one script; the
@@ -187,7 +247,7 @@ class Limiter:
         backend = self._backend or get_backend()
         head = backend.heads.get(self._head_id) or backend.head(self._kind, self.name)
         reply = await backend.run(_scripts.LIMITER_BLOCK, [_keys.block(head, key)], (block_us,))
-        await self._invalidate(key)
+        # No deny cache to tell: a block only adds denials, and those cached stay true.
         return from_us(reply[0])
 
     async def refund(self, key: str, cost: int = 1) -> int:
@@ -203,9 +263,10 @@ class Limiter:
         await self._invalidate(key)
         return int(reply[0])
 
-    async def _invalidate(self, key: str) -> None:
-        # Where the deny cache (branch ``deny``) forgets a key's local denial.
-        return None
+    async def _invalidate(self, key: str, *, reset: bool = False) -> None:
+        """Forget the local denial of ``key`` at once, then tell the other processes (with
+        ``reset``, after removing the key's counters, in the same script)."""
+        await _guard.invalidate(self, key, reset)
 
     async def acquire(
         self, key: str, cost: int = 1, *, wait: bool = False, timeout: float | None = None
@@ -287,126 +348,3 @@ class Admission:
     ) -> None:
         # A rate limit is not a resource held by the block: nothing to give back.
         return None
-
-
-def _rates(rates: Sequence[Any]) -> tuple[Rate, ...]:
-    if not rates:
-        raise TypeError("a limiter needs at least one rate, e.g. FixedWindow('100/minute')")
-    parsed = tuple(as_rate(r) for r in rates)
-    seen = set()
-    for r in parsed:
-        ident = (r.limit, r.window_us)
-        if ident in seen:
-            raise ValueError(f"rate {r} is given twice")
-        seen.add(ident)
-    return parsed
-
-
-class FixedWindow(Limiter):
-    """At most ``limit`` hits per window; each window starts at the key's first admitted hit.
-
-    Cheapest in memory (one integer key per rate) but allows up to twice the limit across
-    the edge between two windows; use ``SlidingWindow`` where that matters.
-    """
-
-    __slots__ = ("rates",)
-    _script = _scripts.FIXED_WINDOW
-    _refund_script = _scripts.FIXED_WINDOW_REFUND
-    _kind = "fw"
-
-    def __init__(
-        self,
-        *rates: RateLike,
-        backend: Backend | None = None,
-        name: str | None = None,
-        count_denied: bool = False,
-        blockable: bool = False,
-    ):
-        super().__init__(backend, name, count_denied, blockable)
-        self.rates = _rates(rates)
-        self._suffixes = tuple(_keys.rate_suffix(r.limit, r.window_us) for r in self.rates)
-        self._args = tuple(v for r in self.rates for v in (r.limit, r.window_us))
-        self._max_cost = min(r.limit for r in self.rates)
-
-    def __repr__(self) -> str:
-        return f"<FixedWindow {', '.join(map(str, self.rates))} name={self.name!r}>"
-
-
-class SlidingWindow(Limiter):
-    """Never more than ``limit`` hits (by cost) in ANY interval of length ``window``.
-
-    Each window is cut into ``buckets`` sub-window counters; the oldest, partly expired
-    bucket still counts in full, so the limiter errs on the side of denying: an interval
-    of up to ``window * (1 + 1/buckets)`` may be needed before capacity fully returns.
-    """
-
-    __slots__ = ("buckets", "rates")
-    _script = _scripts.SLIDING_WINDOW
-    _refund_script = _scripts.SLIDING_WINDOW_REFUND
-    _kind = "sw"
-
-    def __init__(
-        self,
-        *rates: RateLike,
-        buckets: int = 10,
-        backend: Backend | None = None,
-        name: str | None = None,
-        count_denied: bool = False,
-        blockable: bool = False,
-    ):
-        super().__init__(backend, name, count_denied, blockable)
-        self.rates = _rates(rates)
-        self.buckets = check_int(buckets, "buckets")
-        if buckets > MAX_BUCKETS:
-            raise ValueError(f"buckets must be <= {MAX_BUCKETS}, got {buckets}")
-        self._suffixes = tuple(
-            _keys.rate_suffix(r.limit, r.window_us, f"/{buckets}") for r in self.rates
-        )
-        self._args = (buckets, *(v for r in self.rates for v in (r.limit, r.window_us)))
-        self._refund_args = self._args
-        self._max_cost = min(r.limit for r in self.rates)
-
-    def __repr__(self) -> str:
-        rates = ", ".join(map(str, self.rates))
-        return f"<SlidingWindow {rates} buckets={self.buckets} name={self.name!r}>"
-
-
-class TokenBucket(Limiter):
-    """GCRA: a steady ``rate``, with bursts of up to ``burst`` hits (default: the rate's limit).
-
-    A full bucket holds ``burst`` tokens and refills one token every ``window / limit``
-    seconds (rounded up to the microsecond, so never faster than asked).
-    """
-
-    __slots__ = ("burst", "rate")
-    _script = _scripts.TOKEN_BUCKET
-    _refund_script = _scripts.TOKEN_BUCKET_REFUND
-    _reserves = True
-    _kind = "tb"
-
-    def __init__(
-        self,
-        rate: RateLike,
-        burst: int | None = None,
-        *,
-        backend: Backend | None = None,
-        name: str | None = None,
-        count_denied: bool = False,
-        blockable: bool = False,
-    ):
-        super().__init__(backend, name, count_denied, blockable)
-        self.rate = as_rate(rate)
-        self.burst = self.rate.limit if burst is None else check_int(burst, "burst")
-        interval = -(-self.rate.window_us // self.rate.limit)
-        suffix = _keys.rate_suffix(self.rate.limit, self.rate.window_us, f"/{self.burst}")
-        self._suffixes = (suffix,)
-        self._args = (self.burst, interval)
-        self._refund_args = (interval,)
-        self._max_cost = self.burst
-
-    @property
-    def rates(self) -> tuple[Rate, ...]:
-        return (self.rate,)
-
-    def __repr__(self) -> str:
-        return f"<TokenBucket {self.rate} burst={self.burst} name={self.name!r}>"

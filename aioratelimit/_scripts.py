@@ -121,12 +121,15 @@ class Mode(IntEnum):
 
 #: ``{microseconds until the block in place ends, now_us}``
 LIMITER_BLOCK = _load("limiter_block")
+LIMITER_BLOCKED = _load("limiter_blocked")  # {µs the block still runs or 0, now_us}; reads only
 #: ``{the most hits (tokens) given back under any one rate, now_us}``
 FIXED_WINDOW_REFUND = _load("fixed_window_refund")
 SLIDING_WINDOW_REFUND = _load("sliding_window_refund")
 TOKEN_BUCKET_REFUND = _load("token_bucket_refund")
 #: the number of keys that existed
 DELETE = _load("delete")
+#: a limiter's reset (and the deny caches' invalidation): the number of keys removed
+RATE_INVALIDATE = _load("rate_invalidate")
 
 TOKEN_ISSUE = _load("token_issue")  # 1 stored, 0 a record of that token exists already
 TOKEN_CONSUME = _load("token_consume")

@@ -35,6 +35,7 @@ from fastapi import Request, Response
 from ._asgi_types import ASGIApp, Message, Receive, Scope, Send
 from ._backend import Backend
 from ._errors import BackendUnavailable
+from ._failure import Breaker, Fallback
 from ._fastapi_idempotency import IdempotencyKey, IdempotentRequest
 from ._fastapi_problems import ProblemException, add_problem_handler, unavailable
 from ._http_answers import (
@@ -53,6 +54,7 @@ from ._ratelimit import Limiter
 from ._rates import Decision
 from ._request_keys import KeyFunc, check_key_func, client_ip, header, path_param, resolve, user_id
 from ._tokens import consume_token
+from ._web_policy import WebPolicy, shadow_fields
 
 __all__ = [
     "ASGIApp",
@@ -93,8 +95,11 @@ class RateLimit:
     ``limiter``, which may be a function of the scope that picks the limiter (and the cost)
     per request: tiers. The policy is named ``policy_name``, else the limiter's ``name``,
     else ``"default"`` (give it a name of its own when the middleware limits the same route).
-    Backend unreachable: 503 with ``Retry-After``, or with ``fail_open=True`` the endpoint
-    runs; a WARNING either way. ``respond(refusal)`` (sync or async) builds the 429/503
+    Backend unreachable: 503 with ``Retry-After``, or with ``on_unavailable="allow"`` (or
+    ``fail_open=True``) the endpoint runs, or with ``on_unavailable=Fallback(share)`` the
+    request is counted in-process on ``share`` of the limits; a WARNING either way.
+    ``breaker`` and ``shadow`` (never refuse; ``X-RateLimit-Shadow`` says what the limit
+    said) are the middleware's options. ``respond(refusal)`` (sync or async) builds the 429/503
     ``Response`` itself; ``add_problem_handler(app)`` sends it.
 
     Headers set by a dependency reach the client unless the endpoint returns a ``Response``
@@ -103,6 +108,7 @@ class RateLimit:
 
     __slots__ = (
         "_outage",
+        "_policy",
         "_retry_unavailable",
         "fail_open",
         "key",
@@ -122,10 +128,14 @@ class RateLimit:
         unavailable_retry_after: float = UNAVAILABLE_RETRY_AFTER,
         legacy_headers: bool = False,
         respond: RespondFunc | None = None,
+        on_unavailable: str | Fallback | None = None,
+        breaker: Breaker | None = None,
+        shadow: bool = False,
     ) -> None:
         self.key = check_key_func(key, "key") or client_ip()
         self.plan = Plan(limiter, self.key, cost, policy_name, "default")
-        self.fail_open = bool(fail_open)
+        self._policy = WebPolicy(on_unavailable, bool(fail_open), breaker, shadow)
+        self.fail_open = self._policy.fail_open
         self.legacy_headers = bool(legacy_headers)
         self.respond = check_respond(respond)
         self._retry_unavailable = seconds_header(unavailable_retry_after)
@@ -138,7 +148,7 @@ class RateLimit:
         if pick is None or key is None:
             return None
         try:
-            decision = await pick.limiter.hit(key, pick.cost)
+            decision = await self._policy.hit(pick.limiter, key, pick.cost)
         except BackendUnavailable as exc:
             self._outage(exc, self.fail_open)
             if self.fail_open:
@@ -150,6 +160,8 @@ class RateLimit:
                 refusal(503, unavailable_detail("rate limit"), fields, scope)
             ) from exc
         fields = pick.policy.headers(decision, self.legacy_headers)
+        if decision.shadow:
+            fields = [*fields, *shadow_fields(decision)]
         if not decision.allowed:
             detail = exceeded_detail(decision)
             if self.respond is None:

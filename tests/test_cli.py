@@ -25,6 +25,7 @@ from aioratelimit._cli import main, table
 from aioratelimit._cli_doctor import Report, _server_version
 from aioratelimit._cli_state import reset_lock
 from aioratelimit._idempotency import Claimed, IdempotencyStore
+from aioratelimit._scripts import MIN_REDIS_VERSION
 
 #: The installed console script (``[project.scripts]``), beside this interpreter.
 SCRIPT = str(Path(sys.executable).with_name("aioratelimit"))
@@ -504,7 +505,8 @@ def test_doctor_reports_a_ready_deployment(request: pytest.FixtureRequest, deplo
     assert {s for s, _ in topics} == {"ok"}, proc.stdout
     assert "(from REDIS_URL)" in proc.stdout
     assert DOCTOR_MODE[deployment] in proc.stdout
-    assert re.search(r"Redis 7\.\d+\.\d+ \(the scripts need 7\.0 or newer\)", proc.stdout)
+    need = re.escape(".".join(map(str, MIN_REDIS_VERSION)))
+    assert re.search(rf"Redis \d+\.\d+\.\d+ \(the scripts need {need} or newer\)", proc.stdout)
 
 
 def test_doctor_on_memory_is_ready() -> None:
@@ -539,11 +541,14 @@ def test_doctor_says_a_cluster_node_needs_a_cluster_url(cluster_url: str) -> Non
 def test_doctor_fails_a_server_older_than_the_minimum(capsys: pytest.CaptureFixture[str]) -> None:
     """The version line compares with the one constant ``MIN_REDIS_VERSION``."""
     report = Report()
-    asyncio.run(_server_version(report, "6.0.16"))
-    asyncio.run(_server_version(report, "7.2.4"))
+    need = ".".join(map(str, MIN_REDIS_VERSION))
+    older = "6.0.16"  # older than every minimum this library had (7.0, then 6.2)
+    asyncio.run(_server_version(report, older))
+    asyncio.run(_server_version(report, f"{need}.0"))
+    asyncio.run(_server_version(report, "8.0.1"))
     out = capsys.readouterr().out
     assert report.failed == 1
-    assert "Redis 6.0.16 is too old: the scripts need 7.0 or newer" in out
+    assert f"Redis {older} is too old: the scripts need {need} or newer" in out
 
 
 # -- bench -----------------------------------------------------------------------------------
@@ -596,6 +601,10 @@ def test_bench_draws_a_progress_bar_on_a_terminal() -> None:
     "args",
     [
         ["inspect", "limit", "k", "--fixed", "100/fortnight"],
+        ["inspect", "limit", "k"],
+        ["inspect", "limit", "k", "--fixed", "5/s", "--token", "5/s"],
+        ["inspect", "limit", "", "--fixed", "5/s"],
+        ["inspect", "gauge", "k"],
         ["inspect", "limit", "k", "--token", "0/second"],
         ["reset", "limit", "k", "--sliding", "5/minute", "--buckets", "0"],
         ["bench", "--url", "redis+cluster://127.0.0.1:1,127.0.0.1:2"],
@@ -607,8 +616,8 @@ def test_bench_draws_a_progress_bar_on_a_terminal() -> None:
     ],
 )
 def test_bad_input_is_one_line_and_status_2(args: list[str]) -> None:
-    """Unknown limiter specs, malformed URLs, a cluster URL for the one-server bench: one
-    line, status 2, before anything is sent."""
+    """Unknown or missing limiter specs, malformed URLs, a cluster URL for the one-server
+    bench, usage errors: one line, status 2, before anything is sent."""
     one_error_line(cli(*args))
 
 
@@ -623,3 +632,52 @@ def test_a_bad_spec_resets_nothing(redis_url: str, key: str) -> None:
         cli("reset", "limit", key, "--fixed", "5/minute", "--fixed", "5/eon", "--url", redis_url)
     )
     assert on(redis_url, hit) == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["inspect", "limit", "k", "--fixed", "5/minute"], "next hit: allowed"),
+        (["inspect", "limit", "k", "--token", "5/minute", "--burst", "2"], "burst=2"),
+        (["inspect", "lock", "jobs"], "free (no holder on record)"),
+        (["inspect", "semaphore", "api"], "0 held"),
+        (["inspect", "idempotency", "order-1"], "unknown: no record"),
+        (["reset", "limit", "k", "--sliding", "5/minute"], "forgotten"),
+        (["reset", "lock", "jobs", "--force"], "is free: nothing to do"),
+    ],
+)
+def test_inspect_and_reset_run_on_memory(args: list[str], says: str) -> None:
+    """Without a URL they run on memory:// (a store of their own process, so empty)."""
+    proc = cli(*args)
+    assert proc.returncode == 0, proc.stderr
+    assert "memory:// (the embedded store: per process)" in proc.stdout
+    assert says in proc.stdout
+
+
+def test_a_malformed_redis_url_is_named_as_such() -> None:
+    """A bad ``REDIS_URL`` is reported as that, not as ``--url``: one line, status 2."""
+    line = one_error_line(cli("doctor", url_env="redis://127.0.0.1:notaport/0"))
+    assert line.startswith("aioratelimit: error: invalid REDIS_URL 'redis://127.0.0.1:notaport/0'")
+
+
+def test_inspect_limit_shows_a_block(redis_url: str, key: str) -> None:
+    """A key under ``block()``: the "blocked until" line (the instant and the time left),
+    no counts (a peek answers the block), and the next hit denied; reset lifts it."""
+
+    async def block(backend: arl.Backend) -> None:
+        limiter = arl.FixedWindow("10/minute", backend=backend, blockable=True)
+        await limiter.hit(key)
+        await limiter.block(key, 120)
+
+    on(redis_url, block)
+    proc = cli("inspect", "limit", key, "--fixed", "10/minute", "--url", redis_url)
+    assert proc.returncode == 0, proc.stderr
+    found = re.search(r"blocked until: \S+Z \(for (\d+\.\d+) s more", proc.stdout)
+    assert found is not None, proc.stdout
+    assert 0 < float(found[1]) <= 120
+    assert re.search(r"^\s+FixedWindow 10/minute\s+-\s+0\s+-$", proc.stdout, re.MULTILINE)
+    assert "next hit: denied, retry after" in proc.stdout
+    cli("reset", "limit", key, "--fixed", "10/minute", "--url", redis_url)
+    after = cli("inspect", "limit", key, "--fixed", "10/minute", "--url", redis_url)
+    assert "blocked until" not in after.stdout
+    assert limit_rows(after.stdout)["FixedWindow 10/minute"] == (0, 10, "-")

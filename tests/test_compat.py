@@ -26,6 +26,7 @@ import pytest
 import redis
 import redis.asyncio as aredis
 import servers
+import valkey.asyncio as avalkey
 from core_calls import conformance_core
 from script_checks import KEY_ARGS, KEYS_CHECK, called, options, sources
 from servers import RedisServer, free_port
@@ -151,7 +152,12 @@ def test_servers_the_scripts_run_on_pass_the_check(reply: Any, clock: Any) -> No
 @pytest.mark.parametrize(
     ("reply", "clock", "message"),
     [
-        (None, CLOCK, r"needs Redis 6.2 or newer \(or Valkey\); h:1 is redis older than 6.2"),
+        (
+            None,
+            CLOCK,
+            r"needs Redis 6.2 or newer \(or Valkey\); h:1 is redis of a version that HELLO"
+            r" does not tell \(older than 6.2, or HELLO renamed away\)",
+        ),
         (hello("redis", "6.0.20"), CLOCK, "needs Redis 6.2 or newer.*; h:1 is redis 6.0.20"),
         (hello("redis", "6.2.14", "cluster"), CLOCK, "Cluster needs Redis 7.0 or newer.*6.2.14"),
         (hello("redis", "7.0.0"), (b"0", b"0"), "answers TIME with .*cannot run on a server"),
@@ -263,5 +269,57 @@ async def test_a_redis_6_2_cluster_is_refused_clearly() -> None:
             with pytest.raises(arl.BackendError, match=r"Cluster needs Redis 7\.0 or newer"):
                 await arl.FixedWindow("2/minute", backend=backend).hit("k")
         admin.close()
+    finally:
+        server.stop()
+
+
+@needs_6_2
+@pytest.mark.sentinel
+async def test_the_conformance_core_on_a_redis_6_2_sentinel_group() -> None:
+    """A 6.2 master, replica and three 6.2 sentinels: every primitive, wake-ups included."""
+    import cluster_fixtures
+
+    deployment = cluster_fixtures.SentinelDeployment()
+    with (
+        mock.patch.object(servers, "REDIS_SERVER", REDIS_6_2),
+        mock.patch.object(cluster_fixtures, "REDIS_SERVER", REDIS_6_2),
+    ):
+        deployment.start()
+    try:
+        async with arl.Backend.from_url(deployment.url) as backend:
+            await conformance_core(backend, uuid.uuid4().hex)
+        version = redis.Redis(port=deployment.master_port()).info("server")["redis_version"]
+        assert version.startswith("6.2."), version
+    finally:
+        deployment.stop()
+
+
+VALKEY = os.environ.get("AIORATELIMIT_TEST_VALKEY")
+
+
+class Valkey(RedisServer):
+    """A valkey-server built by hand (``AIORATELIMIT_TEST_VALKEY``)."""
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        assert VALKEY is not None
+        with mock.patch.object(servers, "REDIS_SERVER", VALKEY):
+            return super().start(timeout)
+
+
+@pytest.mark.skipif(not VALKEY, reason="AIORATELIMIT_TEST_VALKEY names no valkey-server binary")
+@pytest.mark.redis
+async def test_the_conformance_core_on_valkey() -> None:
+    """Every primitive on a real Valkey, through the backend's own connection, a redis-py
+    client and a valkey-py client."""
+    server = Valkey().start()
+    try:
+        hello = redis.Redis(port=server.port, protocol=2).execute_command("HELLO")  # type: ignore[no-untyped-call]
+        assert hello[1] == b"valkey", hello
+        clients = [aredis.Redis.from_url(server.url), avalkey.Valkey.from_url(server.url)]
+        for backend in (arl.Backend.from_url(server.url), *map(arl.Backend, clients)):
+            async with backend:
+                await conformance_core(backend, uuid.uuid4().hex)
+        for client in clients:
+            await client.aclose()
     finally:
         server.stop()

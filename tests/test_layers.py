@@ -45,13 +45,18 @@ FLOORS: list[tuple[str, set[str]]] = [
             "_request_keys",
             "_routes",
             "_asgi_types",
+            "_web_policy",
         },
     ),
     (
         "primitives",
         {
             "_ratelimit",
+            "_limiters",
             "_waiting",
+            "_guard",
+            "_deny_cache",
+            "_failure",
             "_lock",
             "_lease",
             "_idempotency",

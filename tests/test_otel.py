@@ -347,7 +347,7 @@ async def test_a_span_per_script_call(
     assert [s.name for s in spans] == [
         "EVALSHA fixed_window",
         "EVALSHA fixed_window",
-        "EVALSHA delete",
+        "EVALSHA rate_invalidate",
     ]
     hit = spans[1]
     assert hit.kind is SpanKind.CLIENT

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import hiredis
@@ -26,6 +27,39 @@ DEFAULT_CONNECT_TIMEOUT = 2.0
 
 #: What a store's call may raise that ``translate`` translates.
 TRANSLATED = (redis_errors.RedisError, OSError, TimeoutError, hiredis.ReplyError)
+
+
+@dataclass(frozen=True)
+class ClientErrors:
+    """What one client library raises: everything ``translate`` takes (``translated``), of
+    which the server's error replies (``replies``), the timeouts (``timeouts``), and the
+    NOSCRIPT reply that EVAL answers (``noscript``)."""
+
+    translated: tuple[type[BaseException], ...]
+    replies: tuple[type[BaseException], ...]
+    timeouts: tuple[type[BaseException], ...]
+    noscript: type[BaseException]
+
+
+#: redis-py's (and fakeredis's, whose clients are redis-py's) and the wire's.
+REDIS_PY = ClientErrors(
+    TRANSLATED,
+    (redis_errors.ResponseError, hiredis.ReplyError),
+    (redis_errors.TimeoutError, TimeoutError),
+    redis_errors.NoScriptError,
+)
+
+
+def valkey_errors() -> ClientErrors:
+    """valkey-py's (imported only for a valkey client)."""
+    from valkey import exceptions as valkey
+
+    return ClientErrors(
+        (valkey.ValkeyError, OSError, TimeoutError),
+        (valkey.ResponseError,),
+        (valkey.TimeoutError, TimeoutError),
+        valkey.NoScriptError,
+    )
 
 
 class Store(Protocol):
@@ -71,7 +105,9 @@ async def observed(
         on_call(ScriptCall(script.name, server(), start, time.perf_counter_ns() - began, error))
 
 
-def translate(exc: BaseException, script: Script | None = None) -> AioRateLimitError:
+def translate(
+    exc: BaseException, script: Script | None = None, errors: ClientErrors = REDIS_PY
+) -> AioRateLimitError:
     """The one translation of what a call to Redis raised (raise it ``from exc``).
 
     An error reply is ``BackendError`` (the server is there and said no: a permission, a
@@ -81,14 +117,16 @@ def translate(exc: BaseException, script: Script | None = None) -> AioRateLimitE
     run ``TIME`` reads "can't run this command ... line 16 calls TIME"). Each translation
     is one backend error for instrumentation (``_observe``), by its type and reason.
     """
-    error, reason = _translate(exc, script)
+    error, reason = _translate(exc, script, errors)
     if _observe.recorder is not None:
         _observe.backend_error(error, reason, None if script is None else script.name)
     return error
 
 
-def _translate(exc: BaseException, script: Script | None) -> tuple[AioRateLimitError, str]:
-    if isinstance(exc, (redis_errors.ResponseError, hiredis.ReplyError, BackendError)):
+def _translate(
+    exc: BaseException, script: Script | None, errors: ClientErrors
+) -> tuple[AioRateLimitError, str]:
+    if isinstance(exc, (*errors.replies, BackendError)):
         message = str(exc)
         if message.startswith(_TRANSIENT):
             return BackendUnavailable(f"Redis cannot answer now: {message}"), "busy"
@@ -102,8 +140,37 @@ def _translate(exc: BaseException, script: Script | None) -> tuple[AioRateLimitE
             called = [name or f"the {var} command" for name, var in _CALLED.findall(line)]
             if called:
                 message += f" (line {number} of script {script.name} calls {', '.join(called)})"
-        return BackendError(f"Redis answered with an error: {message}"), "error_reply"
-    if isinstance(exc, (redis_errors.TimeoutError, TimeoutError)):
+        error = BackendError(f"Redis answered with an error: {message}{_fix(message)}")
+        return error, "error_reply"
+    if isinstance(exc, errors.timeouts):
         message = f"Redis did not answer in time: {exc or type(exc).__name__}"
         return BackendUnavailable(message), "timeout"
     return BackendUnavailable(f"Redis is unreachable: {exc or type(exc).__name__}"), "unreachable"
+
+
+#: What to do about an error reply, where it is known: (a part of the reply, the fix).
+_FIXES = (
+    (
+        "unknown command 'evalsha'",
+        "this server runs no Lua scripts; fakeredis runs them only with `pip install lupa`",
+    ),
+    ("unknown command `evalsha`", "this server runs no Lua scripts"),
+    (
+        "Unknown Redis command called from Lua script",
+        "a script called a command this server does not have: aioratelimit needs Redis"
+        " 6.2 or newer (a cluster 7.0 or newer), or Valkey",
+    ),
+    (
+        "used memory > 'maxmemory'",
+        "maxmemory reached: the server refuses writes; raise maxmemory or free memory"
+        " (an eviction policy would evict held locks and counters too)",
+    ),
+)
+
+
+def _fix(message: str) -> str:
+    """`` (fix: ...)`` for an error reply whose cause and fix are known, else ``""``."""
+    for part, fix in _FIXES:
+        if part.lower() in message.lower():
+            return f" (fix: {fix})"
+    return ""

@@ -118,7 +118,7 @@ def check_server(address: str, hello: Any, clock: Any) -> None:
     elif isinstance(hello, (list, tuple)):
         fields = {_text(k): v for k, v in zip(hello[::2], hello[1::2], strict=False)}
     server = _text(fields.get("server", "redis"))
-    version = _text(fields.get("version", "older than 6.2"))
+    version = _text(fields.get("version", "of a version that HELLO does not tell"))
     try:
         number = tuple(int(part) for part in version.split(".")[:2])
     except ValueError:
@@ -126,8 +126,10 @@ def check_server(address: str, hello: Any, clock: Any) -> None:
     if server == "fakeredis":  # its own version; it emulates the Redis it was given
         number = max(number, MIN_CLUSTER_VERSION)
     if number < MIN_VERSION:
+        unknown = " (older than 6.2, or HELLO renamed away)" if hello is None else ""
         raise BackendError(
-            f"aioratelimit needs Redis 6.2 or newer (or Valkey); {address} is {server} {version}"
+            "aioratelimit needs Redis 6.2 or newer (or Valkey);"
+            f" {address} is {server} {version}{unknown}"
         )
     if _text(fields.get("mode", "")) == "cluster" and number < MIN_CLUSTER_VERSION:
         raise BackendError(

@@ -1,5 +1,5 @@
 """The memory twins of the penalty scripts: ``lua/limiter_block.lua``,
-``lua/fixed_window_refund.lua``, ``lua/sliding_window_refund.lua`` and
+``lua/limiter_blocked.lua``, ``lua/fixed_window_refund.lua``, ``lua/sliding_window_refund.lua`` and
 ``lua/token_bucket_refund.lua``.
 
 Each function is named like its file, follows the Lua line for line and answers what it
@@ -24,6 +24,16 @@ def limiter_block(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: i
         return [old - now, now]
     ks.set(keys[0], ends, ceil_div(ends, 1000))
     return [block_us, now]
+
+
+# -- lua/limiter_blocked.lua ---------------------------------------------------------------
+
+
+def limiter_blocked(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
+    ends = int(ks.get(keys[0], now) or 0)
+    if ends > now:
+        return [ends - now, now]
+    return [0, now]
 
 
 # -- lua/fixed_window_refund.lua -----------------------------------------------------------

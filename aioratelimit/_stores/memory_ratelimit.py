@@ -1,6 +1,6 @@
 """The memory twins of the rate-limit scripts: ``lua/fixed_window.lua``,
-``lua/sliding_window.lua``, ``lua/token_bucket.lua`` and ``lua/delete.lua`` (the blocks
-and refunds are in ``memory_penalties``).
+``lua/sliding_window.lua``, ``lua/token_bucket.lua``, ``lua/delete.lua`` and
+``lua/rate_invalidate.lua`` (the blocks and refunds are in ``memory_penalties``).
 
 Each function is named like its file, takes the keyspace, the script's KEYS and ARGV and the
 clock reading the script would get from ``TIME`` (µs), follows the Lua line for line and
@@ -252,3 +252,13 @@ def token_bucket(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: in
 
 def delete(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
     return sum(ks.delete(key, now) for key in keys)
+
+
+# -- lua/rate_invalidate.lua ---------------------------------------------------------------
+
+
+def rate_invalidate(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
+    reset, channel = str(args[0]) == "1", str(args[1])
+    removed = sum(ks.delete(key, now) for key in keys) if reset else 0
+    ks.publish(channel, "")
+    return removed

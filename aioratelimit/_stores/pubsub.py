@@ -1,5 +1,6 @@
-"""The wake-up subscriber of a standalone or Sentinel store: one redis-py PubSub on a
-dedicated one-connection pool, so it never takes one of the store's connections.
+"""The wake-up subscriber of a standalone or Sentinel store: one redis-py (for a valkey
+client passed in, valkey-py) PubSub on a dedicated one-connection pool, so it never takes
+one of the store's connections.
 
 The ``Notifier`` (``_notify``) drives it: subscribe, unsubscribe, ping, read messages; on
 any failure (or a PING left unanswered) it closes this one and builds a new one, which
@@ -8,18 +9,27 @@ connects afresh (to the promoted master, behind Sentinel).
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from redis.exceptions import ResponseError
-
-from .base import translate
+from .base import REDIS_PY, ClientErrors, translate
 
 
 class DedicatedPubSub:
-    """A redis-py PubSub on its own one-connection pool."""
+    """A PubSub on its own one-connection pool, of the client's own library: redis-py's
+    (``family="redis"``), or valkey-py's (``"valkey"``, whose errors are ``errors``)."""
 
-    def __init__(self, client: Any, *, retry: bool = True) -> None:
-        import redis.asyncio as aredis
+    def __init__(
+        self,
+        client: Any,
+        *,
+        retry: bool = True,
+        family: str = "redis",
+        errors: ClientErrors = REDIS_PY,
+    ) -> None:
+        aredis = importlib.import_module(f"{family}.asyncio")
+        self._errors = errors
+        self._refused: Any = importlib.import_module(f"{family}.exceptions").ResponseError
 
         pool = client.connection_pool
         kwargs = dict(pool.connection_kwargs)
@@ -28,14 +38,14 @@ class DedicatedPubSub:
         if not retry:
             # No silent reconnect-and-resubscribe: the failure must reach the Notifier,
             # whose new subscriber asks the sentinels for the current master.
-            from redis.backoff import NoBackoff
-            from redis.retry import Retry
-
-            kwargs["retry"] = Retry(NoBackoff(), 0)
+            backoff = importlib.import_module(f"{family}.backoff")
+            retries = importlib.import_module(f"{family}.retry")
+            kwargs["retry"] = retries.Retry(backoff.NoBackoff(), 0)
         self._pool = aredis.ConnectionPool(
             connection_class=pool.connection_class, max_connections=1, **kwargs
         )
-        self._pubsub: Any = aredis.Redis.from_pool(self._pool).pubsub()
+        client_class = aredis.Redis if family == "redis" else aredis.Valkey
+        self._pubsub: Any = client_class.from_pool(self._pool).pubsub()
         self._closed = False
 
     @property
@@ -63,8 +73,8 @@ class DedicatedPubSub:
             return await self._pubsub.get_message(
                 ignore_subscribe_messages=ignore_subscribe_messages, timeout=timeout
             )
-        except ResponseError as exc:  # the server refused a subscription: say why
-            raise translate(exc) from exc
+        except self._refused as exc:  # the server refused a subscription: say why
+            raise translate(exc, None, self._errors) from exc
 
     async def aclose(self) -> None:
         self._closed = True

@@ -24,18 +24,19 @@ import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from redis import exceptions as redis_errors
-
 from .._aio import Gate, Keeper
+from .._errors import BackendError
 from .._notify import Notifier
 from .._scripts import Arg, Reply, Script
 from .base import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_TIMEOUT,
+    REDIS_PY,
     TRANSLATED,
     OnCall,
     observed,
     translate,
+    valkey_errors,
 )
 from .endpoint import Endpoint, check_server, endpoint
 from .pubsub import DedicatedPubSub
@@ -218,16 +219,21 @@ class ClientStore(_OnClient):
     nothing on the client's connection, and TIME); a refused server is asked again by the
     next call."""
 
-    __slots__ = ("_checked",)
+    __slots__ = ("_checked", "_errors", "_family")
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, *, family: str = "redis") -> None:
         super().__init__(client)
         self._checked = False
+        self._family = family  # the client's library: "redis" (redis-py) or "valkey"
+        self._errors = REDIS_PY if family == "redis" else valkey_errors()
+
+    def _subscriber(self) -> DedicatedPubSub:
+        return DedicatedPubSub(self._client, family=self._family, errors=self._errors)
 
     async def _check(self, client: Any) -> None:
         try:
             hello = await client.execute_command("HELLO")
-        except redis_errors.ResponseError as exc:
+        except self._errors.replies as exc:
             message = str(exc).lower()
             if "unknown command" not in message and "wrong number" not in message:
                 raise
@@ -237,17 +243,32 @@ class ClientStore(_OnClient):
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         client = self._client
+        errors = self._errors
         try:
             if not self._checked:
                 await self._check(client)
             try:
                 return await client.evalsha(script.sha, len(keys), *keys, *args)
-            except redis_errors.NoScriptError:
+            except errors.noscript:
                 # After SCRIPT FLUSH, a restart or a failover: EVAL runs it and caches it
                 # again on the server, inside the same call.
                 return await client.eval(script.source, len(keys), *keys, *args)
-        except TRANSLATED as exc:
-            raise translate(exc, script) from exc
+        except errors.translated as exc:
+            raise translate(exc, script, errors) from exc
+        except UnicodeDecodeError as exc:
+            raise BackendError(
+                f"a reply of script {script.name} is not UTF-8 and the client passed to"
+                " Backend() decodes replies (decode_responses=True): pass a client without"
+                " it (aioratelimit decodes what it reads itself)"
+            ) from exc
+        except RuntimeError as exc:
+            if "different loop" not in str(exc) and "loop is closed" not in str(exc).lower():
+                raise
+            raise BackendError(
+                "the client passed to Backend() belongs to another event loop (its"
+                f" connections were opened there: {exc}); make the client, and its Backend,"
+                " on the loop that uses them (e.g. inside the function asyncio.run runs)"
+            ) from exc
 
 
 def _named(client: Any) -> str:

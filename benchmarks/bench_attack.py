@@ -1,0 +1,237 @@
+"""Under attack and under outage: the deny cache, and decisions with the breaker open.
+
+Run against a server you started (keys live under a prefix unique to the run and are
+deleted at the end)::
+
+    REDIS_URL=redis://127.0.0.1:6391/0 .venv/bin/python benchmarks/bench_attack.py
+
+Three measurements:
+
+1. **Denied decisions per second**, one key far over its limit, hit by 64 tasks at once:
+   a plain ``FixedWindow`` (every denied hit is a script call) against the same limiter
+   with ``deny_cache`` (answered in-process), interleaved in blocks in rotating order;
+   the ratio is the median of the per-repetition ratios.
+2. **Script calls per key per retry window** under a flood: 64 tasks hit one key of
+   ``5/500ms`` for ``WINDOWS`` windows (each yields once per hit, as a request handler
+   would); the denied script calls per window with and without the cache.
+3. **Decisions with the breaker open**: the backend's port refuses connections, the
+   breaker has opened, and each decision's latency is timed one by one (p50 and p99), with
+   ``Fallback`` (counted in-process) and with ``"deny"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio as aredis
+from _common import (
+    REPS,
+    bench_prefix,
+    delete_prefix,
+    fan_out,
+    interleave,
+    paired_ratio,
+    perf,
+    print_header,
+    print_notes,
+    print_smoke_note,
+    print_table,
+    progress,
+    ratio,
+    redis_url,
+    scaled,
+    with_spread,
+)
+
+import aioratelimit as arl
+from aioratelimit._scripts import Arg, Reply, Script
+
+TASKS = 64
+#: denied hits per chunk of the throughput measurement: 64 tasks x 20
+PER_TASK = 20
+CHUNKS = scaled(100, minimum=2)
+WINDOW, LIMIT = 0.5, 5
+WINDOWS = scaled(8, minimum=2)  # windows (of 0.5 s) per repetition
+OPEN_N = scaled(20_000, minimum=200)
+
+LIMITER_SCRIPTS = ("fixed_window", "sliding_window", "token_bucket")
+
+
+class Counting:
+    """Counts limiter script calls through one backend, and the denials among them."""
+
+    def __init__(self, backend: arl.Backend) -> None:
+        self.calls = self.denied = 0
+        inner = backend.run
+
+        async def run(script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+            reply = await inner(script, keys, args)
+            if script.name in LIMITER_SCRIPTS:
+                self.calls += 1
+                self.denied += reply[0] != 1
+            return reply
+
+        backend.run = run
+
+
+async def warm_denial(limiter: arl.Limiter, key: str) -> None:
+    """Hit ``key`` until it is denied from the cache (or by the script, without a cache)."""
+    for _ in range(1000):
+        d = await limiter.hit(key)
+        if not d.allowed and (d.source == "cache" or limiter._cache is None):
+            return
+        await asyncio.sleep(0.005)
+    raise SystemExit(f"{key}: never denied from the cache")
+
+
+async def throughput(url: str, prefix: str) -> list[list[object]]:
+    async with arl.Backend.from_url(url, prefix=prefix) as backend:
+        plain = arl.FixedWindow("1/hour", backend=backend, name="plain")
+        cached = arl.FixedWindow("1/hour", backend=backend, name="cached", deny_cache=1000)
+        await warm_denial(plain, "attacker")
+        await warm_denial(cached, "attacker")
+        cases = {
+            "plain": fan_out(lambda i: plain.hit("attacker"), TASKS, PER_TASK),
+            "cached": fan_out(lambda i: cached.hit("attacker"), TASKS, PER_TASK),
+            "plain, 1 task": fan_out(lambda i: plain.hit("attacker"), 1, PER_TASK),
+            "cached, 1 task": fan_out(lambda i: cached.hit("attacker"), 1, PER_TASK),
+        }
+        per_s: dict[str, list[float]] = {name: [] for name in cases}
+        for rep in range(REPS):
+            progress(f"denied decisions/s, repetition {rep + 1}/{REPS}")
+            secs = await interleave(cases, CHUNKS, max(1, CHUNKS // 10), rotate=rep)
+            for name, s in secs.items():
+                tasks = TASKS if "1 task" not in name else 1
+                per_s[name].append(tasks * PER_TASK / s)
+    rows: list[list[object]] = []
+    for tasks, suffix in ((TASKS, ""), (1, ", 1 task")):
+        plain_s, cached_s = per_s[f"plain{suffix}"], per_s[f"cached{suffix}"]
+        rows.append([f"plain `FixedWindow`, {tasks} task(s)", with_spread(plain_s, 0), "1.00"])
+        rows.append(
+            [
+                f"`FixedWindow(deny_cache=1000)`, {tasks} task(s)",
+                with_spread(cached_s, 0),
+                ratio(paired_ratio(cached_s, plain_s)),
+            ]
+        )
+    return rows
+
+
+async def flood(url: str, prefix: str, cache: bool, rep: int) -> tuple[float, float]:
+    """(denied script calls, admitted) per window of one flooded key."""
+    async with arl.Backend.from_url(url, prefix=prefix) as backend:
+        limiter = arl.FixedWindow(
+            f"{LIMIT}/500ms", backend=backend, deny_cache=100 if cache else None
+        )
+        key = f"flood-{rep}-{cache}"
+        await warm_denial(limiter, key)
+        counting = Counting(backend)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + WINDOWS * WINDOW
+        admitted = 0
+
+        async def task() -> None:
+            nonlocal admitted
+            while loop.time() < end:
+                allowed = (await limiter.hit(key)).allowed  # (not `+= await`: a lost update)
+                admitted += allowed
+                await asyncio.sleep(0)
+
+        await asyncio.gather(*(task() for _ in range(TASKS)))
+        return counting.denied / WINDOWS, admitted / WINDOWS
+
+
+async def flooding(url: str, prefix: str) -> list[list[object]]:
+    figures: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+    for rep in range(REPS):
+        progress(f"flood, repetition {rep + 1}/{REPS}")
+        for cache in (rep % 2 == 0, rep % 2 == 1):  # alternate which goes first
+            figures[cache].append(await flood(url, prefix, cache, rep))
+    rows: list[list[object]] = []
+    for cache, label in ((False, "plain"), (True, "deny_cache=100")):
+        denied = [d for d, _ in figures[cache]]
+        admitted = [a for _, a in figures[cache]]
+        rows.append([label, with_spread(denied, 2), with_spread(admitted, 2)])
+    return rows
+
+
+def refused_url() -> str:
+    """A loopback port nobody listens on: every connection is refused at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"redis://127.0.0.1:{port}/0"
+
+
+async def breaker_open() -> list[list[object]]:
+    rows: list[list[object]] = []
+    async with arl.Backend.from_url(refused_url(), timeout=0.5, connect_timeout=0.5) as backend:
+        policies: list[tuple[str, Any]] = [
+            ("`Fallback(0.5)`", arl.Fallback(0.5)),
+            ('`"deny"`', "deny"),
+        ]
+        for label, policy in policies:
+            breaker = arl.Breaker(failures=3, cooldown=3600.0)
+            limiter = arl.SlidingWindow(
+                "1000/minute", backend=backend, on_unavailable=policy, breaker=breaker
+            )
+            for i in range(3):
+                await limiter.hit(f"warm-{i}")
+            assert breaker.state == "open", breaker
+            p50s, p99s = [], []
+            for rep in range(REPS):
+                progress(f"breaker open {label}, repetition {rep + 1}/{REPS}")
+                times = []
+                for i in range(OPEN_N):
+                    start = perf()
+                    await limiter.hit(f"k{i % 100}")
+                    times.append(perf() - start)
+                times.sort()
+                p50s.append(times[len(times) // 2] * 1e6)
+                p99s.append(times[int(len(times) * 0.99)] * 1e6)
+            rows.append([label, with_spread(p50s), with_spread(p99s)])
+    return rows
+
+
+async def main() -> None:
+    url = redis_url()
+    prefix = bench_prefix()
+    client = aredis.Redis.from_url(url)
+    try:
+        server = await client.info("server")
+        print_header("Attack and outage benchmark", server, ["aioratelimit", "redis", "hiredis"])
+        rows = await throughput(url, prefix)
+        print_table(
+            "Denied decisions per second, one key (a script call per denial without the cache)",
+            ["limiter", "denied decisions/s", "vs plain"],
+            rows,
+        )
+        rows = await flooding(url, prefix)
+        print_table(
+            f"A flood of {TASKS} tasks on one key of {LIMIT}/500ms, per 500 ms window",
+            ["limiter", "denied script calls per window", "admitted per window"],
+            rows,
+        )
+        rows = await breaker_open()
+        print_table(
+            "One decision with the breaker open (backend refusing connections), µs",
+            ["on_unavailable", "p50", "p99"],
+            rows,
+        )
+        print_notes(
+            "Figures are `median (min-max)` over the repetitions. The machine may be shared:"
+            " compare only the ratios measured side by side.",
+            f"The flood runs {WINDOWS} windows per repetition; the warm-up (the first denial"
+            " and the key's subscription) is outside the count.",
+        )
+        print_smoke_note()
+    finally:
+        await delete_prefix(client, prefix)
+        await client.aclose()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
