@@ -39,22 +39,30 @@ def add_limiter_spec(parser: argparse.ArgumentParser) -> None:
 
 def limiters(args: argparse.Namespace, backend: Backend) -> list[tuple[str, Limiter]]:
     """One limiter per rate of the spec (each rate has its own key), with its label; bad
-    rates are ``CliError`` before any I/O."""
+    rates are ``CliError`` before any I/O. Each is ``blockable``: an operator's peek reads,
+    and a reset lifts, the key's block, whether or not the application's limiter is."""
     try:
         if args.fixed:
             return [
-                (f"FixedWindow {r}", FixedWindow(r, backend=backend, name=args.name))
+                (
+                    f"FixedWindow {r}",
+                    FixedWindow(r, backend=backend, name=args.name, blockable=True),
+                )
                 for r in args.fixed
             ]
         if args.sliding:
             return [
                 (
                     f"SlidingWindow {r} buckets={args.buckets}",
-                    SlidingWindow(r, buckets=args.buckets, backend=backend, name=args.name),
+                    SlidingWindow(
+                        r, buckets=args.buckets, backend=backend, name=args.name, blockable=True
+                    ),
                 )
                 for r in args.sliding
             ]
-        bucket = TokenBucket(args.token, burst=args.burst, backend=backend, name=args.name)
+        bucket = TokenBucket(
+            args.token, burst=args.burst, backend=backend, name=args.name, blockable=True
+        )
         return [(f"TokenBucket {args.token} burst={bucket.burst}", bucket)]
     except (ValueError, TypeError) as exc:
         raise CliError(f"invalid limiter spec: {exc}") from None
@@ -105,10 +113,14 @@ async def inspect_limit(args: argparse.Namespace, backend: Backend) -> int:
 def _together(args: argparse.Namespace, backend: Backend, kind: type[Limiter]) -> Limiter:
     """The limiter the application runs: every rate of the spec in one."""
     if kind is FixedWindow:
-        return FixedWindow(*args.fixed, backend=backend, name=args.name)
+        return FixedWindow(*args.fixed, backend=backend, name=args.name, blockable=True)
     if kind is SlidingWindow:
-        return SlidingWindow(*args.sliding, buckets=args.buckets, backend=backend, name=args.name)
-    return TokenBucket(args.token, burst=args.burst, backend=backend, name=args.name)
+        return SlidingWindow(
+            *args.sliding, buckets=args.buckets, backend=backend, name=args.name, blockable=True
+        )
+    return TokenBucket(
+        args.token, burst=args.burst, backend=backend, name=args.name, blockable=True
+    )
 
 
 async def inspect_lock(args: argparse.Namespace, backend: Backend) -> int:

@@ -52,12 +52,13 @@ class FixedWindow(Limiter):
         backend: Backend | None = None,
         name: str | None = None,
         count_denied: bool = False,
+        blockable: bool = False,
         deny_cache: int | None = None,
         on_unavailable: Policy = "raise",
         breaker: Breaker | None = None,
         shadow: bool = False,
     ):
-        super().__init__(backend, name, count_denied)
+        super().__init__(backend, name, count_denied, blockable)
         self.rates = _rates(rates)
         self._suffixes = tuple(_keys.rate_suffix(r.limit, r.window_us) for r in self.rates)
         self._args = tuple(v for r in self.rates for v in (r.limit, r.window_us))
@@ -93,12 +94,13 @@ class SlidingWindow(Limiter):
         backend: Backend | None = None,
         name: str | None = None,
         count_denied: bool = False,
+        blockable: bool = False,
         deny_cache: int | None = None,
         on_unavailable: Policy = "raise",
         breaker: Breaker | None = None,
         shadow: bool = False,
     ):
-        super().__init__(backend, name, count_denied)
+        super().__init__(backend, name, count_denied, blockable)
         self.rates = _rates(rates)
         self.buckets = check_int(buckets, "buckets")
         if buckets > MAX_BUCKETS:
@@ -143,12 +145,13 @@ class TokenBucket(Limiter):
         backend: Backend | None = None,
         name: str | None = None,
         count_denied: bool = False,
+        blockable: bool = False,
         deny_cache: int | None = None,
         on_unavailable: Policy = "raise",
         breaker: Breaker | None = None,
         shadow: bool = False,
     ):
-        super().__init__(backend, name, count_denied)
+        super().__init__(backend, name, count_denied, blockable)
         self.rate = as_rate(rate)
         self.burst = self.rate.limit if burst is None else check_int(burst, "burst")
         interval = -(-self.rate.window_us // self.rate.limit)

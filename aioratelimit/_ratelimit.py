@@ -2,10 +2,11 @@
 ``SlidingWindow`` and ``TokenBucket``), and ``Admission``, its ``async with``.
 
 Each decision is one script run (``lua/fixed_window.lua``, ``lua/sliding_window.lua``,
-``lua/token_bucket.lua``) over one key per (user key, rate) and the key's block, all under
-the user key's hash tag. The three limiters share everything but the scripts and their
-arguments: validation, key building, the reply-to-``Decision`` decoding, blocks and refunds
-(one script each), the context manager and the decorator. Waiting is ``_waiting``; the
+``lua/token_bucket.lua``) over one key per (user key, rate), and the key's block for a
+limiter made with ``blockable=True``, all under the user key's hash tag. The three limiters
+share everything but the scripts and their arguments: validation, key building, the
+reply-to-``Decision`` decoding, blocks and refunds (one script each), the context manager
+and the decorator. Waiting is ``_waiting``; the
 deny cache, the failure policy and shadow mode are ``_guard``'s (a limiter without them
 never enters it).
 """
@@ -44,6 +45,7 @@ class Limiter:
     __slots__ = (
         "_args",
         "_backend",
+        "_blockable",
         "_breaker",
         "_cache",
         "_fallback",
@@ -66,7 +68,11 @@ class Limiter:
     _reserves = False
 
     def __init__(
-        self, backend: Backend | None, name: str | None, count_denied: bool = False
+        self,
+        backend: Backend | None,
+        name: str | None,
+        count_denied: bool = False,
+        blockable: bool = False,
     ) -> None:
         if type(self) is Limiter:
             raise TypeError("Limiter is a base: use FixedWindow, SlidingWindow or TokenBucket")
@@ -76,6 +82,11 @@ class Limiter:
             check_key(name, "name")
         if not isinstance(count_denied, bool):
             raise TypeError(f"count_denied must be a bool, not {type(count_denied).__name__}")
+        if not isinstance(blockable, bool):
+            raise TypeError(f"blockable must be a bool, not {type(blockable).__name__}")
+        # Its hits read the key's block (one more key and GET per hit: opt-in, and a
+        # one-rate hit stays a one-key script, served during a cluster slot migration).
+        self._blockable = blockable
         self._backend = backend
         self.name = name
         #: a denied hit counts too (brute-force protection: hammering keeps the key denied)
@@ -133,12 +144,16 @@ class Limiter:
         return self._backend or get_backend()
 
     def _keys(self, backend: Backend, key: str) -> list[str]:
-        """The key's counter per rate, then its block."""
+        """The key's counter per rate, then (``blockable``) its block."""
         head = backend.heads.get(self._head_id) or backend.head(self._kind, self.name)
         suffixes = self._suffixes
         if len(suffixes) == 1:  # one rate, the common case: no comprehension frame
-            return [_keys.tagged(head, key, suffixes[0]), _keys.block(head, key)]
-        return [*(_keys.tagged(head, key, suffix) for suffix in suffixes), _keys.block(head, key)]
+            keys = [_keys.tagged(head, key, suffixes[0])]
+        else:
+            keys = [_keys.tagged(head, key, suffix) for suffix in suffixes]
+        if self._blockable:
+            keys.append(_keys.block(head, key))
+        return keys
 
     def _check_cost(self, cost: object) -> int:
         check_int(cost, "cost")
@@ -221,7 +236,12 @@ class Limiter:
     async def block(self, key: str, seconds: float) -> float:
         """Deny every hit for ``key`` for ``seconds``, in every process (one script; the
         block key expires when it ends). A longer block in place is kept. Hits denied by a
-        block are not counted; ``reset`` lifts it. Answers the seconds the block runs."""
+        block are not counted; ``reset`` lifts it. Answers the seconds the block runs.
+
+        Only for a limiter made with ``blockable=True`` (its hits read the block), in every
+        process that uses it."""
+        if not self._blockable:
+            raise TypeError(f"{self!r} was not made with blockable=True: its hits read no block")
         check_key(key)
         block_us = to_us(check_seconds(seconds, "seconds"))
         backend = self._backend or get_backend()
@@ -238,7 +258,7 @@ class Limiter:
         check_key(key)
         cost = self._check_cost(cost)
         backend = self._backend or get_backend()
-        rate_keys = self._keys(backend, key)[:-1]
+        rate_keys = self._keys(backend, key)[: len(self._suffixes)]
         reply = await backend.run(self._refund_script, rate_keys, (cost, *self._refund_args))
         await self._invalidate(key)
         return int(reply[0])

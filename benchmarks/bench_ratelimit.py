@@ -168,8 +168,8 @@ class Hitters:
         sha, argv = limiter._script.sha, (1, 1, *limiter._args)
 
         async def op(i: int) -> None:
-            key = f"{head}{i % keys}"  # the counter, and the key's block (never set here)
-            reply = await client.evalsha(sha, 2, key, f"{key}:block", *argv)
+            # The counter only: a limiter without blockable=True sends no block key.
+            reply = await client.evalsha(sha, 1, f"{head}{i % keys}", *argv)
             admitted[name] += reply[0]
 
         return op

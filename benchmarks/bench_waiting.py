@@ -178,7 +178,8 @@ async def main() -> None:
                         fmt(median([r["calls"] for r in runs]), 2),
                         fmt(max(r["calls"] for r in runs), 2),
                         fmt(median([r["spread"] for r in runs]), 2),
-                        fmt(median([r["ratio"] for r in runs]), 2),
+                        f"{fmt(median([r['ratio'] for r in runs]), 2)}"
+                        f" ({fmt(max(r['ratio'] for r in runs), 2)})",
                         fmt(median([r["last"] for r in runs]), 2),
                         "yes" if all(r["fifo"] for r in runs) else "no",
                     ]
@@ -191,7 +192,7 @@ async def main() -> None:
                 "calls / admitted",
                 "worst rep",
                 "finish spread (s)",
-                "latest / earliest finish",
+                "latest / earliest finish (worst rep)",
                 "all done (s)",
                 "FIFO in each process",
             ],

@@ -3,9 +3,9 @@
 -- a hit is counted only when every rate admits it, and a denied hit writes nothing (unless
 -- the mode counts denied hits). A live block (limiter_block.lua) denies every hit.
 --
--- KEYS[i]  counter of rate i (string, integer value, expires at the end of its window),
---          i = 1 .. #KEYS - 1
--- KEYS[#KEYS]  the key's block (string: its end in µs; expires then)
+-- KEYS[i]  counter of rate i (string, integer value, expires at the end of its window)
+-- KEYS[n+1]  optional, after the n rates' counters: the key's block (string: its end in
+--            µs; expires then), for a limiter made with blockable=True
 -- ARGV[1]  cost      hits this call consumes (integer >= 1, <= every limit)
 -- ARGV[2]  mode      0 = peek (write nothing), 1 = hit (count when admitted), 2 = hit and
 --                    count a denied hit too; plus 4 = partial: admit as much of cost as
@@ -30,7 +30,7 @@ local partial = mode >= 4
 if partial then mode = mode - 4 end
 local commit = mode >= 1
 local count_denied = mode == 2
-local nrates = #KEYS - 1
+local nrates = (#ARGV - 2) / 2
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -52,7 +52,7 @@ else
   end
 end
 
-local block = redis.call('GET', KEYS[#KEYS])
+local block = #KEYS > nrates and redis.call('GET', KEYS[#KEYS])
 if block and tonumber(block) > now then
   local limit = tonumber(ARGV[3])
   for i = 2, nrates do

@@ -21,7 +21,7 @@ for i = 1, #KEYS do
     if give == count then
       redis.call('DEL', KEYS[i])
     else
-      redis.call('DECRBY', KEYS[i], give)
+      redis.call('INCRBY', KEYS[i], -give)
     end
     if give > given then given = give end
   end

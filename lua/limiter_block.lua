@@ -1,5 +1,6 @@
--- limiter_block: deny every hit of one user key on one limiter until now + block_us (a
--- longer block in place is kept: a block never shortens one).
+-- limiter_block: deny every hit of one user key on one limiter (made with blockable=True:
+-- its hits read the block) until now + block_us (a longer block in place is kept: a block
+-- never shortens one).
 --
 -- KEYS[1]  the key's block (string: its end in µs since the epoch; expires then)
 -- ARGV[1]  block_us  how long, in microseconds (integer >= 1)

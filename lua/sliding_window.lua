@@ -9,9 +9,9 @@
 -- limit admitted hits (conservative, never over-admitting).
 --
 -- KEYS[i]  ring of rate i (hash: field "c" = newest bucket index written, fields "0".."n" =
---          counts of bucket index mod (n+1); expires once its newest bucket leaves the window),
---          i = 1 .. #KEYS - 1
--- KEYS[#KEYS]  the key's block (string: its end in µs; expires then)
+--          counts of bucket index mod (n+1); expires once its newest bucket leaves the window)
+-- KEYS[r+1]  optional, after the r rates' rings: the key's block (string: its end in µs;
+--            expires then), for a limiter made with blockable=True
 -- ARGV[1]  cost      hits this call consumes (integer >= 1, <= every limit)
 -- ARGV[2]  mode      0 = peek (write nothing), 1 = hit (count when admitted), 2 = hit and
 --                    count a denied hit too; plus 4 = partial: admit as much of cost as
@@ -31,12 +31,12 @@ local commit = mode >= 1
 local count_denied = mode == 2
 local n = tonumber(ARGV[3])
 local slots = n + 1
-local nrates = #KEYS - 1
+local nrates = (#ARGV - 3) / 2
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
-local block = redis.call('GET', KEYS[#KEYS])
+local block = #KEYS > nrates and redis.call('GET', KEYS[#KEYS])
 if block and tonumber(block) > now then
   local limit = tonumber(ARGV[4])
   for i = 2, nrates do

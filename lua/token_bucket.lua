@@ -5,7 +5,8 @@
 -- A live block (limiter_block.lua) denies every hit.
 --
 -- KEYS[1]  TAT of the bucket (string, integer microseconds; expires when the bucket is full)
--- KEYS[2]  the key's block (string: its end in µs; expires then)
+-- KEYS[2]  optional: the key's block (string: its end in µs; expires then), for a limiter
+--          made with blockable=True
 -- ARGV[1]  cost         tokens this call consumes (integer >= 1, <= burst)
 -- ARGV[2]  mode         0 = peek (write nothing), 1 = hit (count when admitted), 2 = hit
 --                       and count a denied hit too (the TAT never runs more than two
@@ -31,7 +32,7 @@ local max_wait = tonumber(ARGV[5] or '0')
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
-local block = redis.call('GET', KEYS[2])
+local block = #KEYS > 1 and redis.call('GET', KEYS[2])
 if block and tonumber(block) > now then
   local wait = tonumber(block) - now
   return {0, burst, 0, wait, wait, now, 0}

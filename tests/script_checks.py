@@ -19,7 +19,6 @@ LUA = ROOT / "lua"
 #: Where each command the scripts call takes its keys: "first" (its first argument),
 #: "all" (every argument) or "none".
 KEY_ARGS = {
-    "DECRBY": "first",
     "DEL": "all",
     "GET": "first",
     "SET": "first",

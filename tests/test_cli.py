@@ -665,7 +665,7 @@ def test_inspect_limit_shows_a_block(redis_url: str, key: str) -> None:
     no counts (a peek answers the block), and the next hit denied; reset lifts it."""
 
     async def block(backend: arl.Backend) -> None:
-        limiter = arl.FixedWindow("10/minute", backend=backend)
+        limiter = arl.FixedWindow("10/minute", backend=backend, blockable=True)
         await limiter.hit(key)
         await limiter.block(key, 120)
 

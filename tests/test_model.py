@@ -91,13 +91,20 @@ def configs(draw: st.DrawFn, kind: str) -> Config:
 def build(config: Config, backend: arl.Backend, name: str, count_denied: bool) -> Any:
     kind, rates, extra = config
     if kind == "fixed":
-        return arl.FixedWindow(*rates, backend=backend, name=name, count_denied=count_denied)
+        return arl.FixedWindow(
+            *rates, backend=backend, name=name, count_denied=count_denied, blockable=True
+        )
     if kind == "sliding":
         return arl.SlidingWindow(
-            *rates, buckets=extra, backend=backend, name=name, count_denied=count_denied
+            *rates,
+            buckets=extra,
+            backend=backend,
+            name=name,
+            count_denied=count_denied,
+            blockable=True,
         )
     return arl.TokenBucket(
-        rates[0], burst=extra, backend=backend, name=name, count_denied=count_denied
+        rates[0], burst=extra, backend=backend, name=name, count_denied=count_denied, blockable=True
     )
 
 
@@ -164,10 +171,15 @@ class LuaAgainstMemory(RuleBasedStateMachine):
             c = cost if options or method == "block" else min(int(cost), max_cost)
             since, mem_since = len(self.server_calls), len(self.memory_calls)
             server_decision = self.run(getattr(on_server, method)(key, c, **options))
-            (call,) = self.new_server_calls(since)
+            # A refund then tells the deny caches (``rate_invalidate``: no clock in its
+            # reply, and none needed: it only publishes).
+            call, *told = self.new_server_calls(since)
             self.times.append(_now(call.reply))
+            self.times.extend(self.last_now for _ in told)
             memory_decision = self.run(getattr(on_memory, method)(key, c, **options))
-            (twin,) = self.memory_calls[mem_since:]
+            twin, *twin_told = self.memory_calls[mem_since:]
+            assert [t.script.name for t in twin_told] == [t.script.name for t in told]
+            assert all(t.script.name == "rate_invalidate" for t in told)
             assert (twin.script, twin.keys, twin.args) == (call.script, call.keys, call.args)
             assert twin.reply == call.reply, f"{on_server!r}.{method}({key!r}, {c})"
             assert memory_decision == server_decision

@@ -172,20 +172,25 @@ def limiter_keys(kind: str, user: str, rates: Rates, extra: str = "") -> list[st
 
 
 def block_key(kind: str, user: str) -> str:
-    """``Limiter.block``: one key per (limiter, user key), the last KEY of every hit."""
+    """``Limiter.block``: one key per (limiter, user key), the last KEY of every hit of a
+    limiter made with ``blockable=True``."""
     return _keys.block(head(kind), user)
 
 
-def fixed_keys(user: str, rates: Rates) -> list[str]:
-    return [*limiter_keys("fw", user, rates), block_key("fw", user)]
+def blocked(kind: str, user: str, blockable: bool) -> list[str]:
+    return [block_key(kind, user)] if blockable else []
 
 
-def sliding_keys(user: str, n: int, rates: Rates) -> list[str]:
-    return [*limiter_keys("sw", user, rates, f"/{n}"), block_key("sw", user)]
+def fixed_keys(user: str, rates: Rates, blockable: bool = False) -> list[str]:
+    return [*limiter_keys("fw", user, rates), *blocked("fw", user, blockable)]
 
 
-def bucket_keys(user: str, rate: tuple[int, int], burst: int) -> list[str]:
-    return [*limiter_keys("tb", user, (rate,), f"/{burst}"), block_key("tb", user)]
+def sliding_keys(user: str, n: int, rates: Rates, blockable: bool = False) -> list[str]:
+    return [*limiter_keys("sw", user, rates, f"/{n}"), *blocked("sw", user, blockable)]
+
+
+def bucket_keys(user: str, rate: tuple[int, int], burst: int, blockable: bool = False) -> list[str]:
+    return [*limiter_keys("tb", user, (rate,), f"/{burst}"), *blocked("tb", user, blockable)]
 
 
 def rate_args(rates: Rates) -> tuple[int, ...]:
@@ -329,13 +334,16 @@ def costs(rates: Rates, mode: int = 1) -> list[int]:
     return [cost for cost in range(1, 6) if cost <= min(lim for lim, _ in rates)]
 
 
-#: a limiter of one user: its keys (the rates' and the block), every ARGV a hit or a peek
-#: on it may send, and every ARGV of a refund
-Limiter = tuple[tuple[str, ...], list[tuple[Arg, ...]], list[tuple[Arg, ...]]]
+#: a limiter of one user: its keys (the rates', then the block if ``blockable``), how many
+#: are the rates', every ARGV a hit or a peek on it may send, and every ARGV of a refund
+Limiter = tuple[tuple[str, ...], int, list[tuple[Arg, ...]], list[tuple[Arg, ...]]]
 
 #: ARGV[2] of a limiter script (``_scripts.Mode``): peek, hit, hit counting denied hits,
 #: and each of them partial; a partial cost may be above the limit
 MODES = (0, 1, 2, 4, 5, 6)
+#: block durations: about the millisecond, and close to one another, so that a block
+#: lands just inside or outside the one in place
+BLOCKS_US = (1, 999, 1_000, 1_001, 1_500, 2_000, 2_500)
 #: a TokenBucket waiter's booking horizon (max_wait_us): none, short, a waiter without timeout
 MAX_WAITS_US = (0, 2_000, 10**15)
 
@@ -343,29 +351,32 @@ MAX_WAITS_US = (0, 2_000, 10**15)
 def fixed_windows(user: str) -> list[Limiter]:
     return [
         (
-            tuple(fixed_keys(user, rates)),
+            tuple(fixed_keys(user, rates, blockable)),
+            len(rates),
             [(c, mode, *rate_args(rates)) for c in costs(rates, mode)],
             [(c,) for c in costs(rates)],
         )
-        for rates, mode in product(FIXED, MODES)
+        for rates, mode, blockable in product(FIXED, MODES, (False, True))
     ]
 
 
 def sliding_windows(user: str) -> list[Limiter]:
     return [
         (
-            tuple(sliding_keys(user, n, rates)),
+            tuple(sliding_keys(user, n, rates, blockable)),
+            len(rates),
             [(c, mode, n, *rate_args(rates)) for c in costs(rates, mode)],
             [(c, n, *rate_args(rates)) for c in costs(rates)],
         )
-        for (n, rates), mode in product(SLIDING, MODES)
+        for (n, rates), mode, blockable in product(SLIDING, MODES, (False, True))
     ]
 
 
 def token_buckets(user: str) -> list[Limiter]:
     return [
         (
-            tuple(bucket_keys(user, rate, burst)),
+            tuple(bucket_keys(user, rate, burst, blockable)),
+            1,
             [(c, mode, burst, interval_us(rate)) for c in costs(((burst, 0),), mode)]
             + [
                 (c, 1, burst, interval_us(rate), w)
@@ -375,7 +386,7 @@ def token_buckets(user: str) -> list[Limiter]:
             ],
             [(c, interval_us(rate)) for c in range(1, burst + 1)],
         )
-        for (rate, burst), mode in product(BUCKETS, MODES)
+        for (rate, burst), mode, blockable in product(BUCKETS, MODES, (False, True))
     ]
 
 
@@ -385,12 +396,13 @@ def limiter_calls(script: str, limiters: Callable[[str], list[Limiter]]) -> st.S
     ``rate_invalidate`` (told on its channel)."""
     hits, resets, blocks, refunds, blocked, invalidations = [], [], [], [], [], []
     for user in USERS:
-        for keys, args, refund_args in limiters(user):
+        for keys, nrates, args, refund_args in limiters(user):
             hits += [Call(script, keys, a) for a in args]
             resets.append(Call("delete", keys, ()))
-            blocks += [Call("limiter_block", keys[-1:], (d,)) for d in DURATIONS_US[:5]]
-            blocked.append(Call("limiter_blocked", keys[-1:], ()))
-            refunds += [Call(f"{script}_refund", keys[:-1], a) for a in refund_args]
+            if len(keys) > nrates:
+                blocks += [Call("limiter_block", keys[-1:], (d,)) for d in BLOCKS_US]
+                blocked.append(Call("limiter_blocked", keys[-1:], ()))
+            refunds += [Call(f"{script}_refund", keys[:nrates], a) for a in refund_args]
             channel = _keys.rate_channel(keys[0].partition("{")[0], user)
             invalidations += [
                 Call("rate_invalidate", keys, (reset, channel, p))
@@ -574,6 +586,8 @@ class Oracle(RuleBasedStateMachine):
         self.seen[name, int(first)] += 1
         if name in ("fixed_window", "sliding_window", "token_bucket"):
             ahead = [reply[3], reply[4]]  # reset_after_us, retry_after_us
+        elif name == "limiter_block":
+            ahead = [reply[0]]  # the block's end
         elif name == "idem_claim" and first in (0, 1):
             ahead = [reply[1] - now if first == 0 else reply[1]]  # the lease's end
         else:
@@ -931,20 +945,20 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
 
     rates = (R3, R4)
     limits = [arl.Rate(lim, w / 1e6) for lim, w in rates]
-    fixed = arl.FixedWindow(*limits, backend=backend)
+    fixed = arl.FixedWindow(*limits, backend=backend, blockable=True)
     await fixed.hit("u", 2)
     await fixed.peek("u", 1)
     await fixed.reset("u")
     await fixed.hit("u", 9, partial=True)
     await fixed.refund("u", 2)
     await fixed.block("u", 0.0025)
-    expect("fixed_window", fixed_keys("u", rates), (2, 1, *rate_args(rates)))
-    expect("fixed_window", fixed_keys("u", rates), (1, 0, *rate_args(rates)))
+    expect("fixed_window", fixed_keys("u", rates, True), (2, 1, *rate_args(rates)))
+    expect("fixed_window", fixed_keys("u", rates, True), (1, 0, *rate_args(rates)))
     channel = _keys.rate_channel(head("fw"), "u")
-    expect("rate_invalidate", fixed_keys("u", rates), (1, channel, "PUBLISH"))
-    expect("fixed_window", fixed_keys("u", rates), (9, 5, *rate_args(rates)))
-    expect("fixed_window_refund", fixed_keys("u", rates)[:-1], (2,))
-    expect("rate_invalidate", fixed_keys("u", rates), (0, channel, "PUBLISH"))
+    expect("rate_invalidate", fixed_keys("u", rates, True), (1, channel, "PUBLISH"))
+    expect("fixed_window", fixed_keys("u", rates, True), (9, 5, *rate_args(rates)))
+    expect("fixed_window_refund", fixed_keys("u", rates), (2,))
+    expect("rate_invalidate", fixed_keys("u", rates, True), (0, channel, "PUBLISH"))
     expect("limiter_block", [block_key("fw", "u")], (2_500,))
     await _admin.blocked_for(fixed, "u")
     expect("limiter_blocked", [block_key("fw", "u")], ())
@@ -953,17 +967,17 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     await sliding.refund("v{w}", 1)
     channel = _keys.rate_channel(head("sw"), "v{w}")
     expect("sliding_window", sliding_keys("v{w}", 7, rates), (3, 2, 7, *rate_args(rates)))
-    expect("sliding_window_refund", sliding_keys("v{w}", 7, rates)[:-1], (1, 7, *rate_args(rates)))
+    expect("sliding_window_refund", sliding_keys("v{w}", 7, rates), (1, 7, *rate_args(rates)))
     expect("rate_invalidate", sliding_keys("v{w}", 7, rates), (0, channel, "PUBLISH"))
-    bucket = arl.TokenBucket(limits[0], burst=2, backend=backend)
+    bucket = arl.TokenBucket(limits[0], burst=2, backend=backend, blockable=True)
     await bucket.hit("u")
     await bucket.refund("u")
     await bucket.acquire("u", 2, wait=True, timeout=0)
-    expect("token_bucket", bucket_keys("u", R3, 2), (1, 1, 2, interval_us(R3)))
-    expect("token_bucket_refund", bucket_keys("u", R3, 2)[:-1], (1, interval_us(R3)))
+    expect("token_bucket", bucket_keys("u", R3, 2, True), (1, 1, 2, interval_us(R3)))
+    expect("token_bucket_refund", bucket_keys("u", R3, 2), (1, interval_us(R3)))
     channel = _keys.rate_channel(head("tb"), "u")
-    expect("rate_invalidate", bucket_keys("u", R3, 2), (0, channel, "PUBLISH"))
-    expect("token_bucket", bucket_keys("u", R3, 2), (2, 1, 2, interval_us(R3), 0))
+    expect("rate_invalidate", bucket_keys("u", R3, 2, True), (0, channel, "PUBLISH"))
+    expect("token_bucket", bucket_keys("u", R3, 2, True), (2, 1, 2, interval_us(R3), 0))
 
     lock = arl.Lock("L1", ttl=0.005, backend=backend)
     lease = await lock.acquire(timeout=0)
@@ -1038,3 +1052,45 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     # The oracle's tokens and owners look like the library's.
     for drawn in (token, owner, second, *TOKENS):
         assert re.fullmatch(r"[A-Za-z0-9_-]{22}", drawn), drawn
+
+
+def test_a_booking_fits_exactly_within_its_max_wait() -> None:
+    """A TokenBucket booking whose slot is exactly max_wait_us away is booked, one a
+    microsecond further is denied, and a block ends on its microsecond, on the Lua and on
+    the twin alike (instants the random histories seldom land on)."""
+    clock = Clock()
+    loop = asyncio.new_event_loop()
+    store = MemoryStore(clock=clock)
+    keys = bucket_keys("u", R4, 1, blockable=True)  # burst 1: one token per 2 000 µs
+    interval = interval_us(R4)
+    with frozen(clock):
+        client = fake_redis()
+        script = SCRIPTS["token_bucket"]
+
+        def both(args: tuple[Arg, ...]) -> Any:
+            lua = client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+            twin = loop.run_until_complete(store.run(script, keys, args))
+            assert normal(twin) == normal(lua), (args, twin, lua)
+            return normal(lua)
+
+        try:
+            assert both((1, 1, 1, interval))[0] == 1  # the one token
+            clock.now_us += 500
+            retry = interval - 500
+            assert both((1, 1, 1, interval, retry - 1))[:1] == [0]
+            booked = both((1, 1, 1, interval, retry))
+            assert booked[0] == 1
+            assert booked[4] == retry
+            # A block ends on its microsecond: denied one before, decided as usual at it.
+            block = SCRIPTS["limiter_block"]
+            lua = client.execute_command("EVALSHA", block.sha, 1, keys[1], 777)  # type: ignore[no-untyped-call]
+            twin = loop.run_until_complete(store.run(block, keys[1:], (777,)))
+            assert normal(twin) == normal(lua)
+            clock.now_us += 776
+            assert both((1, 0, 1, interval))[:5] == [0, 1, 0, 1, 1]
+            clock.now_us += 1
+            assert both((1, 0, 1, interval))[4] != 1
+        finally:
+            client.close()
+            loop.run_until_complete(store.aclose())
+            loop.close()

@@ -65,7 +65,7 @@ async def test_block_denies_every_hit_until_it_ends(
     backend: arl.Backend, build: Build, key: str
 ) -> None:
     """A block denies every hit (none counted) with retry_after counting it down, then ends."""
-    limiter = build("5/second", "10/minute", backend=backend)
+    limiter = build("5/second", "10/minute", backend=backend, blockable=True)
     left = await limiter.block(key, 0.3)
     assert 0.29 <= left <= 0.3
     denied = await limiter.hit(key)
@@ -84,7 +84,7 @@ async def test_a_block_never_shortens_one_and_reset_lifts_it(
     backend: arl.Backend, build: Build, key: str
 ) -> None:
     """A shorter block keeps the longer one in place; ``reset`` lifts the block."""
-    limiter = build("5/second", backend=backend)
+    limiter = build("5/second", backend=backend, blockable=True)
     await limiter.block(key, 60)
     assert await limiter.block(key, 0.01) > 59
     assert (await limiter.hit(key)).retry_after > 59
@@ -94,8 +94,8 @@ async def test_a_block_never_shortens_one_and_reset_lifts_it(
 
 async def test_a_block_is_per_limiter_and_per_key(backend: arl.Backend, key: str) -> None:
     """Blocking a key on one limiter leaves its other keys and other limiters alone."""
-    blocked = arl.FixedWindow("5/second", backend=backend, name="login")
-    other = arl.FixedWindow("5/second", backend=backend, name="api")
+    blocked = arl.FixedWindow("5/second", backend=backend, name="login", blockable=True)
+    other = arl.FixedWindow("5/second", backend=backend, name="api", blockable=True)
     await blocked.block(key, 60)
     assert not (await blocked.hit(key)).allowed
     assert (await blocked.hit(key + "-other")).allowed
@@ -110,8 +110,8 @@ async def test_a_block_is_seen_by_another_process(backend_url: str, key: str) ->
         arl.Backend.from_url(backend_url) as one,
         arl.Backend.from_url(backend_url) as two,
     ):
-        await arl.SlidingWindow("5/second", backend=one).block(key, 60)
-        decision = await arl.SlidingWindow("5/second", backend=two).hit(key)
+        await arl.SlidingWindow("5/second", backend=one, blockable=True).block(key, 60)
+        decision = await arl.SlidingWindow("5/second", backend=two, blockable=True).hit(key)
         assert not decision.allowed
         assert decision.retry_after > 59
 
@@ -236,7 +236,7 @@ async def test_every_key_written_has_a_ttl(
     backend: arl.Backend, build: Build, key: str, sync_redis: redis.Redis
 ) -> None:
     """Blocks, refunds, counted denials and partial grants leave no key without a TTL."""
-    limiter = build("2/minute", "3/hour", backend=backend, count_denied=True)
+    limiter = build("2/minute", "3/hour", backend=backend, count_denied=True, blockable=True)
     await limiter.hit(key, 5, partial=True)
     for _ in range(3):
         await limiter.hit(key)
@@ -271,7 +271,7 @@ async def test_bad_block_seconds_raise_before_any_io(
     backend: arl.Backend, build: Build, key: str, seconds: Any, error: type[Exception]
 ) -> None:
     """Negative, zero, NaN, infinite or non-number seconds: refused, nothing sent."""
-    limiter = build("5/second", backend=backend)
+    limiter = build("5/second", backend=backend, blockable=True)
     calls = Calls(backend)
     with pytest.raises(error):
         await limiter.block(key, seconds)
@@ -313,7 +313,12 @@ async def test_bad_options_raise_before_any_io(backend: arl.Backend, key: str) -
         await limiter.peek(key, 1, partial="yes")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="count_denied"):
         arl.TokenBucket("5/second", backend=backend, count_denied=1)  # type: ignore[arg-type]
-    for call in (limiter.block("", 1.0), limiter.refund("", 1)):
+    with pytest.raises(TypeError, match="blockable"):
+        arl.SlidingWindow("5/second", backend=backend, blockable=None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="blockable=True"):
+        await limiter.block(key, 1.0)  # its hits read no block
+    blockable = arl.FixedWindow("5/second", backend=backend, blockable=True)
+    for call in (blockable.block("", 1.0), limiter.refund("", 1)):
         with pytest.raises(ValueError, match="key"):
             await call
     assert calls.names == []

@@ -26,14 +26,18 @@ KINDS: dict[str, Callable[[arl.Backend], arl.Limiter]] = {
     "sliding": lambda b: arl.SlidingWindow("5/100ms", backend=b),
     "token": lambda b: arl.TokenBucket("5/100ms", burst=1, backend=b),
 }
+BLOCKABLE: dict[str, Callable[[arl.Backend], arl.Limiter]] = {
+    "fixed": lambda b: arl.FixedWindow("5/100ms", backend=b, blockable=True),
+    "sliding": lambda b: arl.SlidingWindow("5/100ms", backend=b, blockable=True),
+    "token": lambda b: arl.TokenBucket("5/100ms", burst=1, backend=b, blockable=True),
+}
 #: what uses the limit up before the waiters come
 FULL = {"fixed": 5, "sliding": 5, "token": 1}
 WAITERS = 12
 
 
 class Counted:
-    """A backend whose script calls are counted by its ``on_call`` hook (memory:// has
-    one too)."""
+    """A backend whose script calls are counted by its ``on_call`` hook (memory:// too)."""
 
     def __init__(self, url: str) -> None:
         self.calls = 0
@@ -149,7 +153,7 @@ async def test_a_blocked_key_keeps_its_waiters_until_the_block_ends(
     counted: Counted, kind: str, key: str
 ) -> None:
     """Waiters of a blocked key sleep through the block (no polling), then get in."""
-    limiter = KINDS[kind](counted.backend)
+    limiter = BLOCKABLE[kind](counted.backend)
     await limiter.block(key, 0.2)
     counted.calls = 0
     decisions = await asyncio.gather(

@@ -32,15 +32,18 @@ def _mode(arg: Arg) -> tuple[int, bool]:
     return (mode - 4, True) if mode >= 4 else (mode, False)
 
 
-def _blocked(ks: Keyspace, key: str, now: int) -> int:
-    """Microseconds the key's block (``lua/limiter_block.lua``) still runs, else 0."""
-    block = ks.get(key, now)
+def _blocked(ks: Keyspace, keys: Sequence[str], nrates: int, now: int) -> int:
+    """Microseconds the key's block (``lua/limiter_block.lua``; the KEY after the rates',
+    if sent) still runs, else 0."""
+    if len(keys) <= nrates:
+        return 0
+    block = ks.get(keys[-1], now)
     return int(block) - now if block is not None and int(block) > now else 0
 
 
 def fixed_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
-    nrates = len(keys) - 1
-    wait = _blocked(ks, keys[-1], now)
+    nrates = (len(args) - 2) // 2
+    wait = _blocked(ks, keys, nrates, now)
     if wait:
         limit = min(int(args[2 * i]) for i in range(1, nrates + 1))
         return [0, limit, 0, wait, wait, now, 0]
@@ -129,8 +132,8 @@ def _fixed_window_one(
 
 
 def sliding_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
-    nrates = len(keys) - 1
-    wait = _blocked(ks, keys[-1], now)
+    nrates = (len(args) - 3) // 2
+    wait = _blocked(ks, keys, nrates, now)
     if wait:
         limit = min(int(args[1 + 2 * i]) for i in range(1, nrates + 1))
         return [0, limit, 0, wait, wait, now, 0]
@@ -216,7 +219,7 @@ def sliding_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: 
 
 def token_bucket(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
     burst, interval = int(args[2]), int(args[3])
-    wait = _blocked(ks, keys[1], now)
+    wait = _blocked(ks, keys, 1, now)
     if wait:
         return [0, burst, 0, wait, wait, now, 0]
     cost = int(args[0])
