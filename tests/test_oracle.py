@@ -409,7 +409,7 @@ def limiter_calls(script: str, limiters: Callable[[str], list[Limiter]]) -> st.S
                 for reset, p in product((0, 1), PUBLISH)
             ]
     return weighted(
-        (hits, 8), (resets, 1), (blocks, 1), (refunds, 3), (blocked, 1), (invalidations, 2)
+        (hits, 8), (resets, 2), (blocks, 1), (refunds, 3), (blocked, 1), (invalidations, 3)
     )
 
 
@@ -581,6 +581,8 @@ class Oracle(RuleBasedStateMachine):
             first = reply[4]
         elif name == "limiter_blocked":  # {µs the block still runs, now_us}
             first = int(reply[0] > 0)
+        elif name in ("delete", "rate_invalidate"):  # keys removed: none (0) or some (1)
+            first = int(int(reply) > 0)
         else:
             first = reply[0] if isinstance(reply, list) else reply
         self.seen[name, int(first)] += 1
@@ -654,7 +656,7 @@ class FixedWindows(Oracle):
         # test_limiter_blocked_answers_like_its_twin_through_a_block)
         "limiter_blocked": {0},
         "fixed_window_refund": {0, 1},
-        "rate_invalidate": {0},  # (its removals count keys, as delete's: any number)
+        "rate_invalidate": {0, 1},
     }
 
     @rule(move=MOVES, call=limiter_calls("fixed_window", fixed_windows))
@@ -673,7 +675,7 @@ class SlidingWindows(Oracle):
         "limiter_block": set(),
         "limiter_blocked": set(),
         "sliding_window_refund": {0, 1},
-        "rate_invalidate": {0},  # (its removals count keys, as delete's: any number)
+        "rate_invalidate": {0, 1},
     }
 
     @rule(move=MOVES, call=limiter_calls("sliding_window", sliding_windows))
@@ -688,11 +690,13 @@ class TokenBuckets(Oracle):
 
     branches: ClassVar[dict[str, set[int]]] = {
         "token_bucket": {0, 1},
-        "delete": {0, 1},
+        # A bucket's key lives only until it is full again (a few ms here): a reset that
+        # finds one is rare in random histories (the window machines reach it every run).
+        "delete": {0},
         "limiter_block": set(),
         "limiter_blocked": set(),
         "token_bucket_refund": {0, 1},
-        "rate_invalidate": {0},  # (its removals count keys, as delete's: any number)
+        "rate_invalidate": {0},
     }
 
     @rule(move=MOVES, call=limiter_calls("token_bucket", token_buckets))
@@ -790,6 +794,9 @@ MACHINES = [
 ]
 #: examples per machine (of 60 steps, each one call)
 EXAMPLES = {machine: 15 for machine in MACHINES} | {
+    FixedWindows: 30,
+    SlidingWindows: 30,
+    TokenBuckets: 30,
     Locks: 20,
     Idempotency: 20,
     OneShotTokens: 10,

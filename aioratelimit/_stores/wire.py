@@ -2,8 +2,9 @@
 
 Every caller's script goes out on the same socket. The first command of an event-loop
 iteration is written at once (a lone caller waits for nobody); the commands issued during
-the rest of that iteration are joined and written together when it ends, so 64 concurrent
-callers cost a couple of ``send`` calls, not 64. Replies come back in order and are matched
+the rest of that iteration are joined and written in chunks of ``CHUNK`` (the last when it
+ends), so 64 concurrent callers cost three ``send`` calls, not 64, and the server works on a
+chunk while the next is built. Replies come back in order and are matched
 to their callers by a FIFO of futures; hiredis parses them straight from the socket's data.
 
 What a caller may rely on:
@@ -45,6 +46,13 @@ from .._scripts import Arg
 from .endpoint import Endpoint
 
 ReplyError = hiredis.ReplyError
+
+#: The commands batched in one event-loop iteration are written in chunks of this many, not
+#: all at its end: the server runs the first chunk's scripts while the callers of the same
+#: iteration are still building the next ones, so client and server work side by side
+#: instead of in turn. 1.4x the decisions/s at 64 concurrent callers and 1.7x at 256,
+#: measured side by side (docs/performance.md); a crowd of 16 to 48 does as well.
+CHUNK = 32
 
 
 #: RESP of the integer arguments seen so far: a script's are nearly all constants (a
@@ -180,6 +188,8 @@ class Wire(asyncio.Protocol):
             loop.call_soon(self._flush)
         else:
             batch.append(data)
+            if len(batch) >= CHUNK:
+                self._write_batch(deadline)
         return waiter
 
     def _tag(self, deadline: float) -> bytes:
@@ -188,6 +198,15 @@ class Wire(asyncio.Protocol):
         tag = b"%b%d" % (self._tag_head, self._tags)
         self._pending.append((None, deadline, tag))
         return b"*2\r\n$4\r\nECHO\r\n$%d\r\n%b\r\n" % (len(tag), tag)
+
+    def _write_batch(self, deadline: float) -> None:
+        """Write the commands batched so far now; the iteration goes on batching."""
+        batch = self._batch
+        assert batch is not None
+        assert self._transport is not None
+        batch.append(self._tag(deadline))
+        self._transport.write(b"".join(batch))
+        batch.clear()
 
     def _flush(self) -> None:
         batch, self._batch = self._batch, None
