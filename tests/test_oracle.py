@@ -475,7 +475,7 @@ def idempotency_calls() -> st.SearchStrategy[Call]:
                 Call("idem_complete", keys, (owner, result, us, channel, p))
                 for result, p in product(RESULTS, PUBLISH)
             ]
-    return weighted((claim, 3), (renew, 1), (complete, 3), (release, 2), (state, 2))
+    return weighted((claim, 3), (renew, 1), (complete, 3), (release, 2), (state, 4))
 
 
 def server_calls() -> st.SearchStrategy[Call]:
@@ -798,7 +798,7 @@ EXAMPLES = {machine: 15 for machine in MACHINES} | {
     SlidingWindows: 30,
     TokenBuckets: 30,
     Locks: 20,
-    Idempotency: 20,
+    Idempotency: 30,
     OneShotTokens: 10,
     ServerChecks: 3,
 }
