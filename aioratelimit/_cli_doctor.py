@@ -20,7 +20,7 @@ from ._cli_output import CliError, open_backend, out
 from ._errors import AioRateLimitError, BackendError, BackendUnavailable
 from ._limiters import FixedWindow, SlidingWindow, TokenBucket
 from ._lock import Lock, Semaphore
-from ._scripts import MIN_REDIS_VERSION, ScriptCall
+from ._scripts import MIN_CLUSTER_VERSION, MIN_REDIS_VERSION, ScriptCall
 from ._urls import redact
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
@@ -117,7 +117,7 @@ async def _checks(report: Report, backend: Backend, mode: str, servers: list[str
         report.line(OK, "mode", "memory: the embedded store, no server; limits are per process")
     else:
         await _mode(report, backend, mode, facts, servers)
-        await _server_version(report, facts.version)
+        await _server_version(report, facts.version, cluster=mode == "cluster")
     await _scripts(report, backend)
     await _clock(report, backend, facts.time_us, local)
     await _latency(report, backend)
@@ -164,12 +164,13 @@ async def _mode(
     report.line(OK, "mode", f"standalone: {server} (it says: {said})")
 
 
-async def _server_version(report: Report, text: str) -> None:
-    need = ".".join(map(str, MIN_REDIS_VERSION))
+async def _server_version(report: Report, text: str, *, cluster: bool = False) -> None:
+    minimum = MIN_CLUSTER_VERSION if cluster else MIN_REDIS_VERSION
+    need = ".".join(map(str, minimum))
     version = _version(text)
     if version is None:
         report.line(WARN, "version", f"the server did not tell its version; {need}+ is needed")
-    elif version < MIN_REDIS_VERSION:
+    elif version < minimum:
         report.line(FAIL, "version", f"Redis {text} is too old: the scripts need {need} or newer")
     else:
         report.line(OK, "version", f"Redis {text} (the scripts need {need} or newer)")

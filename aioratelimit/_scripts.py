@@ -199,8 +199,11 @@ LOCK_FORCE_RELEASE = _load("lock_force_release")  # {1, fence} released, {0, 0} 
 SEMAPHORE_LIST = _load("semaphore_list")  # {fence, ttl_ms, ...} per live holder; reads only
 SERVER_CHECK = _load("server_check")  # {time_s, time_us, version, mode, undeclared}
 
-#: The oldest Redis the scripts run on (the one place it is written: ``doctor`` reads it).
-MIN_REDIS_VERSION = (7, 0)
+#: The oldest Redis the scripts run on (SET PXAT; fixed_window.lua reads PTTL where there is
+#: no PEXPIRETIME), and the oldest a cluster needs (sharded pub/sub: SPUBLISH, SSUBSCRIBE):
+#: the one place they are written (the connection's server check and ``doctor`` read them).
+MIN_REDIS_VERSION = (6, 2)
+MIN_CLUSTER_VERSION = (7, 0)
 
 
 #: Every script by name: what the memory store must have a twin for (a test checks it).

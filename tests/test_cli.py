@@ -25,7 +25,7 @@ from aioratelimit._cli import main, table
 from aioratelimit._cli_doctor import Report, _server_version
 from aioratelimit._cli_state import reset_lock
 from aioratelimit._idempotency import Claimed, IdempotencyStore
-from aioratelimit._scripts import MIN_REDIS_VERSION
+from aioratelimit._scripts import MIN_CLUSTER_VERSION, MIN_REDIS_VERSION
 
 #: The installed console script (``[project.scripts]``), beside this interpreter.
 SCRIPT = str(Path(sys.executable).with_name("aioratelimit"))
@@ -505,7 +505,8 @@ def test_doctor_reports_a_ready_deployment(request: pytest.FixtureRequest, deplo
     assert {s for s, _ in topics} == {"ok"}, proc.stdout
     assert "(from REDIS_URL)" in proc.stdout
     assert DOCTOR_MODE[deployment] in proc.stdout
-    need = re.escape(".".join(map(str, MIN_REDIS_VERSION)))
+    minimum = MIN_CLUSTER_VERSION if deployment == "cluster" else MIN_REDIS_VERSION
+    need = re.escape(".".join(map(str, minimum)))
     assert re.search(rf"Redis \d+\.\d+\.\d+ \(the scripts need {need} or newer\)", proc.stdout)
 
 
@@ -546,9 +547,11 @@ def test_doctor_fails_a_server_older_than_the_minimum(capsys: pytest.CaptureFixt
     asyncio.run(_server_version(report, older))
     asyncio.run(_server_version(report, f"{need}.0"))
     asyncio.run(_server_version(report, "8.0.1"))
+    asyncio.run(_server_version(report, f"{need}.0", cluster=True))  # a 6.2 cluster: too old
     out = capsys.readouterr().out
-    assert report.failed == 1
+    assert report.failed == 2
     assert f"Redis {older} is too old: the scripts need {need} or newer" in out
+    assert f"Redis {need}.0 is too old: the scripts need 7.0 or newer" in out
 
 
 # -- bench -----------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from typing import Any
 import hiredis
 
 from .._errors import BackendError
+from .._scripts import MIN_CLUSTER_VERSION, MIN_REDIS_VERSION
 
 #: The TLS keyword arguments, by the name ``RedisSSLContext`` gives them.
 _TLS = {
@@ -97,12 +98,6 @@ class Endpoint:
         check_server(self.address, hello, clock)
 
 
-#: The oldest Redis the scripts run on (SET PXAT; fixed_window.lua reads PTTL where there is
-#: no PEXPIRETIME), and the oldest a cluster needs (sharded pub/sub: SPUBLISH, SSUBSCRIBE).
-MIN_VERSION = (6, 2)
-MIN_CLUSTER_VERSION = (7, 0)
-
-
 def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
@@ -125,7 +120,7 @@ def check_server(address: str, hello: Any, clock: Any) -> None:
         number = (0, 0)
     if server == "fakeredis":  # its own version; it emulates the Redis it was given
         number = max(number, MIN_CLUSTER_VERSION)
-    if number < MIN_VERSION:
+    if number < MIN_REDIS_VERSION:
         unknown = " (older than 6.2, or HELLO renamed away)" if hello is None else ""
         raise BackendError(
             "aioratelimit needs Redis 6.2 or newer (or Valkey);"
