@@ -644,19 +644,27 @@ class Oracle(RuleBasedStateMachine):
         self.compare(sorted(keys), f"the whole keyspace at {self.clock.now_us} µs")
 
 
+# A reset (``delete``, ``rate_invalidate``) that finds live keys is not required of the
+# random histories: with every mode, blockable or not, and several rates, the key a reset
+# draws was seldom hit within its window, and a run that never drew one failed about one
+# time in five. The replies are still compared whatever they are, and a reset of live keys
+# is driven every run by tests/test_model.py (a real server against memory://) and by the
+# deny cache's tests on every backend.
+
+
 class FixedWindows(Oracle):
     """``FixedWindow`` hits (counting denied ones or not, partial or not), peeks, resets,
     blocks and refunds, one rate or several."""
 
     branches: ClassVar[dict[str, set[int]]] = {
         "fixed_window": {0, 1},
-        "delete": {0, 1},
+        "delete": {0},  # (a reset of live keys: see above)
         "limiter_block": set(),  # (it answers microseconds: no codes)
         # (1, a block running, is rarely read while a short block runs: pinned by
         # test_limiter_blocked_answers_like_its_twin_through_a_block)
         "limiter_blocked": {0},
         "fixed_window_refund": {0, 1},
-        "rate_invalidate": {0, 1},
+        "rate_invalidate": {0},
     }
 
     @rule(move=MOVES, call=limiter_calls("fixed_window", fixed_windows))
@@ -671,11 +679,11 @@ class SlidingWindows(Oracle):
 
     branches: ClassVar[dict[str, set[int]]] = {
         "sliding_window": {0, 1},
-        "delete": {0, 1},
+        "delete": {0},  # (a reset of live keys: see above)
         "limiter_block": set(),
         "limiter_blocked": set(),
         "sliding_window_refund": {0, 1},
-        "rate_invalidate": {0, 1},
+        "rate_invalidate": {0},
     }
 
     @rule(move=MOVES, call=limiter_calls("sliding_window", sliding_windows))
@@ -690,9 +698,7 @@ class TokenBuckets(Oracle):
 
     branches: ClassVar[dict[str, set[int]]] = {
         "token_bucket": {0, 1},
-        # A bucket's key lives only until it is full again (a few ms here): a reset that
-        # finds one is rare in random histories (the window machines reach it every run).
-        "delete": {0},
+        "delete": {0},  # (a reset of live keys: see above)
         "limiter_block": set(),
         "limiter_blocked": set(),
         "token_bucket_refund": {0, 1},
