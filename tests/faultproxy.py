@@ -39,12 +39,14 @@ import random
 import socket
 import struct
 import threading
-from collections.abc import Callable, Collection
+import time
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 import hiredis
+import redis
 
 T = TypeVar("T")
 
@@ -579,3 +581,23 @@ class FaultProxy:
         if cut_at is not None:
             self._cut = self._next_cut()
             pipe.close(reset=True)
+
+
+# -- what the fault tests share ------------------------------------------------------------
+
+
+def admin(server: Server) -> redis.Redis:
+    """A plain client straight to the server (never through the proxy)."""
+    return redis.Redis(port=server.port, socket_timeout=10)
+
+
+async def timed(aw: Awaitable[Any], hang: float) -> tuple[Any, float]:
+    """``aw``'s result, or the exception it raised, and how long it took (a hang ends in
+    TimeoutError after ``hang`` seconds)."""
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(hang):
+            outcome = await aw
+    except Exception as exc:
+        outcome = exc
+    return outcome, time.monotonic() - started

@@ -26,8 +26,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
-import redis
-from faultproxy import FaultProxy, Server
+from faultproxy import FaultProxy, Server, timed
+from faultproxy import admin as _admin
 
 import aioratelimit as arl
 from aioratelimit import _scripts
@@ -53,21 +53,8 @@ def _backend(url: str) -> arl.Backend:
     return arl.Backend.from_url(url, timeout=TIMEOUT, connect_timeout=CONNECT_TIMEOUT)
 
 
-def _admin(server: Server) -> redis.Redis:
-    """A plain client straight to the server (never through the proxy)."""
-    return redis.Redis(port=server.port, socket_timeout=10)
-
-
 async def _timed(aw: Awaitable[Any], hang: float = HANG) -> tuple[Any, float]:
-    """``aw``'s result, or the exception it raised, and how long it took (a hang ends in
-    TimeoutError after ``hang`` seconds)."""
-    started = time.monotonic()
-    try:
-        async with asyncio.timeout(hang):
-            outcome = await aw
-    except Exception as exc:
-        outcome = exc
-    return outcome, time.monotonic() - started
+    return await timed(aw, hang)
 
 
 async def _until(check: Callable[[], bool], what: str, within: float = HANG) -> None:

@@ -24,8 +24,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
-import redis
-from faultproxy import FaultProxy, Server
+from faultproxy import FaultProxy, Server, timed
+from faultproxy import admin as _admin
 
 import aioratelimit as arl
 
@@ -51,11 +51,6 @@ def proxy(own_redis: Server) -> Iterator[FaultProxy]:
 
 def _backend(url: str, **options: Any) -> arl.Backend:
     return arl.Backend.from_url(url, timeout=TIMEOUT, connect_timeout=CONNECT_TIMEOUT, **options)
-
-
-def _admin(server: Server) -> redis.Redis:
-    """A plain client straight to the server (never through the proxy)."""
-    return redis.Redis(port=server.port, socket_timeout=10)
 
 
 def _stored(server: Server, key: str) -> dict[bytes, bytes | None]:
@@ -97,15 +92,7 @@ def _clients(server: Server) -> int:
 
 
 async def _timed(aw: Awaitable[Any], hang: float = HANG) -> tuple[Any, float]:
-    """``aw``'s result, or the exception it raised, and how long it took (a hang ends in
-    TimeoutError after ``hang`` seconds)."""
-    started = time.monotonic()
-    try:
-        async with asyncio.timeout(hang):
-            outcome = await aw
-    except Exception as exc:
-        outcome = exc
-    return outcome, time.monotonic() - started
+    return await timed(aw, hang)
 
 
 # -- a blackhole ---------------------------------------------------------------------------
