@@ -56,15 +56,13 @@ def cached(lim: Guarded, key: str, cost: int, mode: int) -> Decision | None:
     cache's answer for ``key`` and ``cost``, or None (then ``decide``). A partial hit
     (``mode``) is never answered here: a denial of a larger cost says nothing of it."""
     cache = lim._cache
-    # One dict lookup; the type checks keep 1.0 or True from matching a cost of 1.
-    entry = None if cache is None else cache.entries.get(key)
-    if entry is None or type(cost) is not int or type(key) is not str or mode >= _PARTIAL:
+    # The type checks keep 1.0 or True from matching a cost of 1.
+    if cache is None or type(cost) is not int or type(key) is not str or mode >= _PARTIAL:
         return None
-    assert cache is not None
     if cache.backend is not (lim._backend or get_backend()):
         return None
-    answer = cache.lookup(key, entry, cost, clock())
-    if answer is not None:
+    answer = cache.answer(key, cost)
+    if answer is not None and (lim.shadow or _observe.recorder is not None):
         if lim.shadow:
             answer = shaped(lim, answer)
         if _observe.recorder is not None:

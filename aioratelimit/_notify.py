@@ -56,33 +56,31 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 class Subscription:
     """One local waiter on one channel; ``wait()`` returns True once per delivered message."""
 
-    __slots__ = ("_notifier", "_waiter", "_woken", "channel", "message", "wake_all")
+    __slots__ = ("_notifier", "_waiter", "channel", "message", "wake_all", "woken")
 
     def __init__(self, notifier: Notifier, channel: str, wake_all: bool) -> None:
         self._notifier = notifier
         self.channel = channel
         self.wake_all = wake_all
-        self._woken = False
+        #: a message was delivered that ``wait`` has not returned yet (read, never set,
+        #: outside this module: a plain attribute, the deny cache reads it on every answer)
+        self.woken = False
         # The future ``wait`` sleeps on (a plain future: unlike asyncio.wait_for before
         # Python 3.12, awaiting it never swallows a cancellation that comes with a message).
         self._waiter: asyncio.Future[None] | None = None
         #: the payload of the last message delivered to this waiter
         self.message: bytes | None = None
 
-    @property
-    def woken(self) -> bool:
-        return self._woken
-
     def _wake(self, payload: bytes) -> None:
         self.message = payload
-        self._woken = True
+        self.woken = True
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
     async def wait(self, timeout: float | None) -> bool:
         """Wait for a message (one already delivered counts); False after ``timeout`` s."""
-        if not self._woken:
+        if not self.woken:
             if timeout is not None and timeout <= 0:
                 return False
             loop = asyncio.get_running_loop()
@@ -94,9 +92,9 @@ class Subscription:
                 self._waiter = None
                 if timer is not None:
                     timer.cancel()
-            if not self._woken:
+            if not self.woken:
                 return False
-        self._woken = False
+        self.woken = False
         return True
 
     async def __aenter__(self) -> Subscription:
