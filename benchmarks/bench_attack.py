@@ -10,7 +10,11 @@ Three measurements:
 1. **Denied decisions per second**, one key far over its limit, hit by 64 tasks at once:
    a plain ``FixedWindow`` (every denied hit is a script call) against the same limiter
    with ``deny_cache`` (answered in-process), interleaved in blocks in rotating order;
-   the ratio is the median of the per-repetition ratios.
+   the ratio is the median of the per-repetition ratios. With
+   ``AIORATELIMIT_BASELINE_PYTHON`` (an interpreter whose ``aioratelimit`` is an earlier
+   release: a venv with ``pip install -e`` of a ``git worktree`` of it), the plain
+   limiter of that release too, timed in a process of its own once per repetition (before
+   ours, then after, by turns): the "÷ baseline" column, what a team gets over upgrading.
 2. **Script calls per key per retry window** under a flood: 64 tasks hit one key of
    ``5/500ms`` for ``WINDOWS`` windows (each yields once per hit, as a request handler
    would); the denied script calls per window with and without the cache.
@@ -22,8 +26,12 @@ Three measurements:
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import socket
+import subprocess
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aredis
@@ -89,6 +97,67 @@ async def warm_denial(limiter: arl.Limiter, key: str) -> None:
     raise SystemExit(f"{key}: never denied from the cache")
 
 
+#: The plain limiter's denials as an earlier release made them, timed in a process of its
+#: own: ``AIORATELIMIT_BASELINE_PYTHON`` is an interpreter whose ``aioratelimit`` is that
+#: release (e.g. a venv with ``pip install -e`` of a ``git worktree`` of the commit an issue
+#: was filed against); argv: url, prefix, tasks, denials per task, chunks.
+BASELINE = r"""
+import asyncio, json, sys, time
+import aioratelimit as arl
+url, prefix = sys.argv[1], sys.argv[2]
+tasks, per_task, chunks = map(int, sys.argv[3:6])
+async def main():
+    backend = arl.Backend.from_url(url, prefix=prefix)
+    lim = arl.FixedWindow("1/hour", backend=backend, name="baseline")
+    while (await lim.hit("attacker")).allowed:
+        pass
+    async def worker():
+        for _ in range(per_task):
+            assert not (await lim.hit("attacker")).allowed
+    spent = 0.0
+    for _ in range(chunks):
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(tasks)))
+        spent += time.perf_counter() - start
+    await backend.aclose()
+    print(json.dumps({"per_s": tasks * per_task * chunks / spent, "file": arl.__file__}))
+asyncio.run(main())
+"""
+
+
+def baseline(url: str, prefix: str) -> tuple[float, str] | None:
+    """Denied decisions/s of the plain FixedWindow of ``AIORATELIMIT_BASELINE_PYTHON``'s
+    aioratelimit (None without it), 64 tasks, as many chunks as ours; and where that
+    aioratelimit lives."""
+    python = os.environ.get("AIORATELIMIT_BASELINE_PYTHON")
+    if not python:
+        return None
+    argv = [python, "-c", BASELINE, url, f"{prefix}:base", str(TASKS), str(PER_TASK)]
+    out = subprocess.run(
+        [*argv, str(CHUNKS)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+        cwd=Path(python).parent,  # not here: ``-c`` puts the working directory first
+    ).stdout
+    got = json.loads(out.strip().splitlines()[-1])
+    if Path(got["file"]).resolve() == Path(arl.__file__).resolve():
+        raise SystemExit(f"{python} imports this aioratelimit ({got['file']}), not a baseline")
+    return float(got["per_s"]), str(got["file"])
+
+
+def baseline_label(package_file: str) -> str:
+    """The baseline's commit (from the checkout its package lives in), else its path."""
+    found = subprocess.run(
+        ["git", "-C", str(Path(package_file).parent), "log", "-1", "--format=%h (%cs)"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return found.stdout.strip() or package_file
+
+
 async def throughput(url: str, prefix: str) -> list[list[object]]:
     async with arl.Backend.from_url(url, prefix=prefix) as backend:
         plain = arl.FixedWindow("1/hour", backend=backend, name="plain")
@@ -102,21 +171,40 @@ async def throughput(url: str, prefix: str) -> list[list[object]]:
             "cached, 1 task": fan_out(lambda i: cached.hit("attacker"), 1, PER_TASK),
         }
         per_s: dict[str, list[float]] = {name: [] for name in cases}
+        base_s: list[float] = []
+        where = ""
         for rep in range(REPS):
             progress(f"denied decisions/s, repetition {rep + 1}/{REPS}")
+            # The baseline's process before ours on even repetitions, after on odd ones.
+            if rep % 2 == 0 and (base := baseline(url, prefix)) is not None:
+                base_s.append(base[0])
+                where = base[1]
             secs = await interleave(cases, CHUNKS, 1, rotate=rep)
             for name, s in secs.items():
                 tasks = TASKS if "1 task" not in name else 1
                 per_s[name].append(tasks * PER_TASK / s)
+            if rep % 2 == 1 and (base := baseline(url, prefix)) is not None:
+                base_s.append(base[0])
     rows: list[list[object]] = []
+    if base_s:
+        label = f"plain `FixedWindow` of {baseline_label(where)} (baseline), {TASKS} task(s)"
+        rows.append([label, with_spread(base_s, 0), "-", "1.00"])
     for tasks, suffix in ((TASKS, ""), (1, ", 1 task")):
         plain_s, cached_s = per_s[f"plain{suffix}"], per_s[f"cached{suffix}"]
-        rows.append([f"plain `FixedWindow`, {tasks} task(s)", with_spread(plain_s, 0), "1.00"])
+        over_base = "-"
+        if base_s and tasks == TASKS:
+            over_base = ratio(paired_ratio(plain_s, base_s))
+        rows.append(
+            [f"plain `FixedWindow`, {tasks} task(s)", with_spread(plain_s, 0), "1.00", over_base]
+        )
+        if base_s and tasks == TASKS:
+            over_base = ratio(paired_ratio(cached_s, base_s))
         rows.append(
             [
                 f"`FixedWindow(deny_cache=1000)`, {tasks} task(s)",
                 with_spread(cached_s, 0),
                 ratio(paired_ratio(cached_s, plain_s)),
+                over_base,
             ]
         )
     return rows
@@ -208,7 +296,7 @@ async def main() -> None:
         rows = await throughput(url, prefix)
         print_table(
             "Denied decisions per second, one key (a script call per denial without the cache)",
-            ["limiter", "denied decisions/s", "vs plain"],
+            ["limiter", "denied decisions/s", "÷ plain", "÷ baseline"],
             rows,
         )
         rows = await flooding(url, prefix)
