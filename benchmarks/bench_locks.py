@@ -204,12 +204,14 @@ async def commandstats(client: aredis.Redis) -> dict[str, int]:
 
 def per_acquisition(
     before: dict[str, int], after: dict[str, int], inner: set[str], acquisitions: int
-) -> tuple[float, float]:
-    """(commands sent by clients, commands executed) per acquisition."""
+) -> tuple[float, float, float]:
+    """(commands sent by clients, of which ECHO, commands executed) per acquisition. Our
+    wire closes each write with an ECHO (its check that no reply was lost): part of the
+    same write, never a round trip of its own, so it is counted apart."""
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     executed = sum(v for k, v in delta.items() if k not in IGNORED)
     sent = sum(v for k, v in delta.items() if k not in IGNORED and k not in inner)
-    return sent / acquisitions, executed / acquisitions
+    return sent / acquisitions, delta.get("echo", 0) / acquisitions, executed / acquisitions
 
 
 # -- the run ------------------------------------------------------------------------------
@@ -355,7 +357,11 @@ async def run(
     cmd_rows = []
     for waiters in WAITERS:
         progress(f"commands per acquisition, {waiters} waiters")
-        results: dict[str, list[tuple[float, float]]] = {"ours": [], "redispy": [], "prl": []}
+        results: dict[str, list[tuple[float, float, float]]] = {
+            "ours": [],
+            "redispy": [],
+            "prl": [],
+        }
         # One round unmeasured first, so the pools hold enough connections: their handshakes
         # (HELLO, CLIENT SETINFO) are not commands per acquisition.
         await rounds_async(partial(ours_pair, backend, f"{prefix}:w{waiters}o"), waiters, 1)
@@ -397,13 +403,20 @@ async def run(
                     [
                         str(waiters),
                         label,
-                        fmt(median([s for s, _ in results[name]]), 2),
-                        fmt(median([e for _, e in results[name]]), 2),
+                        fmt(median([s for s, _, _ in results[name]]), 2),
+                        fmt(median([s - echo for s, echo, _ in results[name]]), 2),
+                        fmt(median([e for _, _, e in results[name]]), 2),
                     ]
                 )
     print_table(
         "Redis commands per acquisition under contention",
-        ["waiters", "library", "sent by clients", "executed (incl. inside scripts)"],
+        [
+            "waiters",
+            "library",
+            "sent by clients",
+            "sent, without the wire's ECHO tags",
+            "executed (incl. inside scripts)",
+        ],
         cmd_rows,
     )
 
@@ -417,7 +430,9 @@ async def run(
         "Commands: `INFO commandstats` deltas around each run; 'sent' excludes the commands "
         "that only run inside that library's Lua scripts. Ours sends an EVALSHA per attempt "
         "and per release, plus SUBSCRIBE/UNSUBSCRIBE on the shared subscriber connection when "
-        "a name's first local waiter arrives and its last one leaves.",
+        "a name's first local waiter arrives and its last one leaves; and its wire ends"
+        " every write with an ECHO that checks no reply was lost (in the same write: no"
+        " round trip of its own; one per write, so one per command when waiters take turns).",
     ]
     if redis_lock is None:
         notes.append(
