@@ -601,3 +601,19 @@ async def timed(aw: Awaitable[Any], hang: float) -> tuple[Any, float]:
     except Exception as exc:
         outcome = exc
     return outcome, time.monotonic() - started
+
+
+async def once_healthy(acquire: Callable[[], Awaitable[T]], within: float) -> T:
+    """``acquire()`` right after ``passthrough``, tried again on ``BackendUnavailable`` for
+    up to ``within`` seconds: a connection opened while faults were armed may still be cut
+    by one decided before the switch (the library rightly never resends that call), and
+    only the call on it fails. A fault that lasts fails the test."""
+    from aioratelimit import BackendUnavailable  # (the proxy itself needs no library)
+
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return await acquire()
+        except BackendUnavailable:
+            if time.monotonic() > deadline:
+                raise
