@@ -300,7 +300,7 @@ async def test_timeout_waits_then_raises(backend: arl.Backend, key: str) -> None
     start = time.monotonic()
     with pytest.raises(arl.LockTimeout) as info:
         await lk.acquire(timeout=0.3)
-    assert 0.3 <= time.monotonic() - start < 5
+    assert 0.29 <= time.monotonic() - start < 5  # (uvloop's timers: 1 ms resolution)
     assert info.value.timeout == 0.3
     await lease.release()
     assert not await lk.locked()
