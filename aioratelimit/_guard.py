@@ -92,10 +92,12 @@ async def _decide(lim: Guarded, key: str, cost: int, commit: int) -> Decision:
     if cache is not None:
         if cache.backend is not backend:  # another default backend: nothing learned holds
             cache.use(backend)
-        while (entry := cache.entries.get(key)) is not None:
-            cached = cache.lookup(key, entry, cost, clock())
+        while True:
+            cached = cache.answer(key, cost)
             if cached is not None:
                 return shaped(lim, cached)
+            if (entry := cache.entries.get(key)) is None:
+                break
             shared = entry.flights.get(cost)
             if shared is None:
                 if entry.armed_at is not None:  # the others share this call

@@ -43,9 +43,7 @@ def head(prefix: str, kind: str, name: str | None) -> str:
 
 def tagged(head: str, key: str, suffix: str = "") -> str:
     """One key: ``head`` + the hash tag made from the user's ``key`` + ``suffix``."""
-    if "{" in key or "}" in key or "%" in key:  # ``escape``, its test inline: every decision
-        key = key.translate(_ESCAPES)  # builds a key, and most need no escaping
-    return f"{head}{{{key}}}{suffix}"
+    return f"{head}{{{escape(key)}}}{suffix}"
 
 
 def rate_suffix(limit: int, window_us: int, extra: str = "") -> str:

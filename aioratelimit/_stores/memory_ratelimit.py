@@ -43,15 +43,14 @@ def _blocked(ks: Keyspace, keys: Sequence[str], nrates: int, now: int) -> int:
 
 def fixed_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
     nrates = (len(args) - 2) // 2
-    if len(keys) > nrates:  # (the test first: no call for a limiter without blocks)
-        wait = _blocked(ks, keys, nrates, now)
-        if wait:
-            limit = min(int(args[2 * i]) for i in range(1, nrates + 1))
-            return [0, limit, 0, wait, wait, now, 0]
+    wait = _blocked(ks, keys, nrates, now)
+    if wait:
+        limit = min(int(args[2 * i]) for i in range(1, nrates + 1))
+        return [0, limit, 0, wait, wait, now, 0]
     cost = int(args[0])
-    if nrates == 1 and int(args[1]) < 4:  # one rate, not partial: the common case
-        return _fixed_window_one(ks, keys[0], cost, int(args[1]), args, now)
     mode, partial = _mode(args[1])
+    if nrates == 1 and not partial:
+        return _fixed_window_one(ks, keys[0], cost, mode, args, now)
     counts: list[int] = []
     ends: list[int] = []
     for i, key in enumerate(keys[:nrates]):
