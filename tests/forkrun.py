@@ -2,11 +2,13 @@
 
 ``Runner()`` starts this file as a server: a fresh interpreter (``-W error``) that imports
 what the docs examples import (the library, its web faces, FastAPI, httpx, uvicorn, redis)
-and then, for each program it is sent, forks a child that runs the program as ``__main__``
-and exits. Starting an interpreter and importing those modules is most of what a short
-example costs (about 0.4 s of CPU without FastAPI, 0.9 s with it); a fork costs a few
-milliseconds. tests/test_docs.py runs the memory:// examples this way; the redis:// runs
-keep a fresh interpreter each, so every example still runs once from a cold start.
+and then, for each program it is sent (with arguments, if any), forks a child that runs the
+program as ``__main__`` and exits. Starting an interpreter and importing those modules is
+most of what a short example costs (about 0.4 s of CPU without FastAPI, 0.9 s with it); a
+fork costs a few milliseconds. tests/test_docs.py runs the memory:// examples this way, and
+tests/test_cli.py the console script's entry point (tests/console_script.py); the redis://
+examples keep a fresh interpreter each, so every example still runs once from a cold start,
+and so do the CLI tests that need a process of their own.
 
 The child is held to what a fresh ``python -W error program.py`` would show: warnings are
 errors; the program's ``sys.argv``, working directory and environment are its own; its stdin
@@ -28,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 #: What the examples import, loaded once by the server (anything else is imported by the
@@ -53,9 +56,16 @@ class Runner:
         self._lock = threading.Lock()
 
     def run(
-        self, program: Path, *, cwd: Path, env: dict[str, str], timeout: float
+        self,
+        program: Path,
+        *,
+        cwd: Path,
+        env: dict[str, str],
+        timeout: float,
+        args: Sequence[str] = (),
     ) -> subprocess.CompletedProcess[str]:
-        """Run ``program`` in a fresh fork; its exit status, stdout and stderr."""
+        """Run ``program`` with ``args`` in a fresh fork, as ``python program *args``
+        would; its exit status, stdout and stderr."""
         with self._lock, tempfile.TemporaryDirectory(prefix="arl-forkrun-") as scratch:
             if self._proc is None or self._proc.poll() is not None:
                 self._proc = subprocess.Popen(
@@ -67,8 +77,10 @@ class Runner:
             assert self._proc.stdin is not None
             assert self._proc.stdout is not None
             out, err = Path(scratch) / "stdout", Path(scratch) / "stderr"
+            argv = [str(program), *args]
             request = {
                 "program": str(program),
+                "argv": argv,
                 "cwd": str(cwd),
                 "env": env,
                 "stdout": str(out),
@@ -82,7 +94,7 @@ class Runner:
                 raise RuntimeError(f"the fork server exited with status {self._proc.wait()}")
             status = json.loads(line)["status"]
             return subprocess.CompletedProcess(
-                [str(program)],
+                argv,
                 status,
                 out.read_text(encoding="utf-8", errors="replace"),
                 err.read_text(encoding="utf-8", errors="replace"),
@@ -127,7 +139,9 @@ def _child(request: dict[str, object]) -> None:
         os.close(nothing)
         signal.alarm(max(1, math.ceil(float(str(request["timeout"])))))  # then killed
         program = str(request["program"])
-        sys.argv = [program]
+        argv = request["argv"]
+        assert isinstance(argv, list)
+        sys.argv = [str(arg) for arg in argv]
         sys.path[0] = os.path.dirname(program)
         warnings.resetwarnings()
         warnings.simplefilter("error")

@@ -11,6 +11,10 @@ foreground) and moves those tests to the end of the run; each then takes its job
 with ``result(request)`` and asserts on it exactly as it would on a run of its own. A job
 runs once, for the test that names it; nothing is kept across sessions.
 
+Under pytest-xdist (``-n``) every worker collects every test and runs only those it is
+sent, so nothing starts at collection: each job starts when its test asks for its result,
+and the workers run side by side instead.
+
 What it buys: the docs examples (one interpreter each) and the type checks are about half
 of ``pytest -m memory`` when run one after the other in the foreground; in the background
 they overlap with the rest of the lane, most of which waits on timers.
@@ -18,6 +22,7 @@ they overlap with the rest of the lane, most of which waits on timers.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -53,7 +58,10 @@ def _submit(job: Callable[[], Any]) -> Future[Any]:
 
 
 def start(items: list[pytest.Item]) -> None:
-    """Start the job of every marked item, and move those items to the end (in order)."""
+    """Start the job of every marked item, and move those items to the end (in order);
+    in an xdist worker, nothing (see the module doc)."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        return
     marked = [item for item in items if _job(item) is not None]
     for item in marked:
         job = _job(item)

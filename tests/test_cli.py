@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
+import forkrun
+import jobs
 import pytest
 from servers import free_port
 
@@ -29,6 +31,11 @@ from aioratelimit._scripts import MIN_CLUSTER_VERSION, MIN_REDIS_VERSION
 
 #: The installed console script (``[project.scripts]``), beside this interpreter.
 SCRIPT = str(Path(sys.executable).with_name("aioratelimit"))
+#: What it runs, for ``cli`` to run in a fork of a warm interpreter.
+CONSOLE = Path(__file__).with_name("console_script.py")
+#: The fork server of ``cli`` (one command at a time), stopped when the session ends.
+RUNNER = forkrun.Runner()
+jobs.at_stop(RUNNER.close)
 #: Every deployment a command that reads a server's state runs on.
 DEPLOYMENTS = ["redis", "cluster", "sentinel"]
 T = TypeVar("T")
@@ -66,8 +73,13 @@ def run(
 
 
 def cli(*args: str, url_env: str | None = None) -> subprocess.CompletedProcess[str]:
-    """The installed ``aioratelimit`` with ``args``."""
-    return run(SCRIPT, *args, url_env=url_env)
+    """``aioratelimit`` with ``args``: the console script's entry point with its own argv,
+    environment, stdin and output, in a fork of a warm interpreter (tests/forkrun.py), so
+    a command costs milliseconds rather than an interpreter's start. The installed script
+    and ``python -m aioratelimit`` start cold in the tests that need a process of their
+    own (the demo, --version, an unreachable server, closed pipes, Ctrl-C, a terminal)."""
+    env = environment(url_env)
+    return RUNNER.run(CONSOLE, args=args, cwd=Path(__file__).parent, env=env, timeout=60)
 
 
 def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:

@@ -38,6 +38,15 @@ def test_a_program_runs_as_main_in_its_own_place(runner: forkrun.Runner, tmp_pat
     assert out.split() == ["__main__", str(tmp_path), str(tmp_path / "program.py"), "1", "True"]
 
 
+def test_a_program_gets_its_arguments(runner: forkrun.Runner, tmp_path: Path) -> None:
+    """As ``python program inspect lock 'a b'`` would (tests/test_cli.py runs so)."""
+    program = tmp_path / "program.py"
+    program.write_text("import sys\nprint(sys.argv)\n", encoding="utf-8")
+    argv = [str(program), "inspect", "lock", "a b"]
+    proc = runner.run(program, cwd=tmp_path, env=dict(os.environ), timeout=10, args=argv[1:])
+    assert (proc.returncode, proc.stdout, proc.args) == (0, f"{argv}\n", argv)
+
+
 def test_failures_show_as_they_would_from_a_fresh_interpreter(
     runner: forkrun.Runner, tmp_path: Path
 ) -> None:
