@@ -16,7 +16,13 @@ What it measures, every condition in every repetition, interleaved:
   ``Backend.from_url``, sequential and with 1, 2, 4, 64, 256 and 1,024 tasks (FixedWindow;
   the other two at 64); a lock's acquire + release, sequential (against one raw EVALSHA)
   and 64 tasks on distinct names; ``consume_token`` at 64 tasks;
-- with ``REDIS_CLUSTER_URL`` set, FixedWindow at 64 tasks on that cluster too.
+- with ``REDIS_CLUSTER_URL`` set, FixedWindow at 64 tasks on that cluster too;
+- the server's limit for each script: ``redis-benchmark -c 50 -P 16`` (pipelined: the C
+  client costs next to nothing, so the server runs flat out) sending the exact command a
+  hit of each limiter sends (captured on its way out, the user's key made random), and the
+  floor EVALSHA. No client can get more decisions of a script than that from this server,
+  so its ratio to ``-c 50 -P 1`` of the floor is the most any client could reach against
+  the targets, and ours at 64 tasks is read against it too.
 
 Every hit is admitted (the limit is far above the run), so this is the cost of a decision.
 """
@@ -31,7 +37,7 @@ import shutil
 import subprocess
 import sys
 import warnings
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -58,6 +64,7 @@ from _common import (
 )
 
 import aioratelimit as arl
+from aioratelimit._scripts import Arg, Reply, Script
 
 warnings.filterwarnings("ignore", category=DeprecationWarning)
 
@@ -66,6 +73,11 @@ SEQ_N = scaled(2000, 20)
 PER_TASK = scaled(16, 2)
 CHUNKS = scaled(8, 1)
 C_CLIENT_N = scaled(20000, 200)
+#: Requests of a run of the server's limit (-P 16: about a second at this server's pace).
+CEILING_N = scaled(150_000, 1_000)
+CEILING_PIPELINE = 16
+#: The user key of the captured hits, replaced by redis-benchmark's random number.
+MARK = "bench-user-key"
 #: A crowd of 64 or more runs this many decisions in all, in one go, as redis-benchmark
 #: runs its C_CLIENT_N requests over its 50 connections: a sustained rate, where chunks of
 #: 16 decisions per task counted each task's start and the pipeline's fill and drain
@@ -79,14 +91,23 @@ Op = Callable[[int], Awaitable[object]]
 
 def c_client(url: str, sha: str, prefix: str, connections: int) -> float | None:
     """``redis-benchmark`` running the floor EVALSHA: requests per second (None without it)."""
+    command = ["EVALSHA", sha, "1", f"{prefix}:c:__rand_int__", "60000"]
+    return redis_benchmark(url, command, connections, 1, C_CLIENT_N)
+
+
+def redis_benchmark(
+    url: str, command: list[str], connections: int, pipeline: int, n: int
+) -> float | None:
+    """``redis-benchmark`` sending ``command`` (``__rand_int__`` in it made random each
+    time): requests per second (None without redis-benchmark)."""
     exe = shutil.which("redis-benchmark")
     if exe is None:
         return None
     parts = urlsplit(url)
     argv = [
         exe, "-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 6379),
-        "-c", str(connections), "-n", str(C_CLIENT_N), "-P", "1", "-r", "100000", "-q",
-        "EVALSHA", sha, "1", f"{prefix}:c:__rand_int__", "60000",
+        "-c", str(connections), "-n", str(n), "-P", str(pipeline), "-r", "100000", "-q",
+        *command,
     ]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True).stdout
     found = re.findall(r"([0-9.]+) requests per second", out)
@@ -106,6 +127,26 @@ class Cases:
             "TokenBucket": arl.TokenBucket(RATE, backend=backend),
         }
         self.tokens: list[str] = []
+
+    async def sent(self, name: str) -> list[str]:
+        """The EVALSHA a hit of limiter ``name`` sends, its user key made random for
+        redis-benchmark (captured on its way to the store; the hit itself runs too)."""
+        backend = self.backend
+        inner = backend.run
+        seen: list[list[str]] = []
+
+        async def run(script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+            seen.append(["EVALSHA", script.sha, str(len(keys)), *keys, *map(str, args)])
+            return await inner(script, keys, args)
+
+        backend.run = run
+        try:
+            await self.limiters[name].hit(MARK)
+        finally:
+            backend.run = inner
+        (command,) = seen
+        assert any(MARK in part for part in command), command
+        return [part.replace(MARK, "__rand_int__") for part in command]
 
     def floor(self, tag: str) -> Op:
         evalsha, sha, key = self.raw.evalsha, self.sha, f"{self.prefix}:floor:{tag}:"
@@ -154,12 +195,18 @@ async def rate(op: Op, tasks: int) -> float:
     return chunks * tasks * per_task / (perf() - start)
 
 
-async def repetition(cases: Cases, rep: int, url: str, cluster: Cases | None) -> dict[str, float]:
+async def repetition(
+    cases: Cases, rep: int, url: str, cluster: Cases | None, commands: dict[str, list[str]]
+) -> dict[str, float]:
     figures: dict[str, float] = {}
     for connections in (1, 50):
         rps = c_client(url, cases.sha, cases.prefix, connections)
         if rps is not None:
             figures[f"C -c {connections}"] = rps
+    for name, command in commands.items():
+        rps = redis_benchmark(url, command, 50, CEILING_PIPELINE, CEILING_N)
+        if rps is not None:
+            figures[f"limit|{name}"] = rps
     seq = await interleave(
         {
             "raw": cases.floor(f"s{rep}"),
@@ -274,16 +321,35 @@ def report(reps: list[dict[str, float]], has_c: bool, has_cluster: bool) -> None
         + [["lock acquire+release ÷ one raw EVALSHA (time)", "≤ 2.1", fmt(lock_cost, 3),
             "yes" if lock_cost <= 2.1 else "**no**"]],
     )  # fmt: skip
+    if has_c:
+        limits = []
+        for name in ("floor", "FixedWindow", "SlidingWindow", "TokenBucket"):
+            xs = col(f"limit|{name}")
+            ours = "-" if name == "floor" else ratio(paired_ratio(col(f"{name}|64"), xs))
+            limits.append([
+                "the floor EVALSHA" if name == "floor" else f"{name}.hit's EVALSHA",
+                with_spread([1e6 / x for x in xs], 2),
+                with_spread(xs, 0),
+                ratio(paired_ratio(xs, c50)),
+                ours,
+            ])  # fmt: skip
+        print_table(
+            f"The server's limit per script: redis-benchmark -c 50 -P {CEILING_PIPELINE}"
+            " sending the exact command",
+            ["script", "µs/call at the limit", "calls/s", "÷ C -c 50 (the most any client gets)",
+             "ours 64 tasks ÷ limit"],
+            limits,
+        )  # fmt: skip
     print_notes(
         "Method. Each repetition runs every condition: redis-benchmark first (it runs alone:"
-        f" {C_CLIENT_N} requests per run), then the sequential conditions interleaved in"
-        f" blocks of 100 ({SEQ_N} each), then each condition with tasks in turn (1 to 4"
-        f" tasks: {CHUNKS} chunks of tasks x {PER_TASK} decisions; 64 tasks and more:"
-        f" {SUSTAINED} decisions in all, in"
-        " one go, as redis-benchmark runs its requests), in an order rotating every"
-        " repetition, each right after a run of redis-benchmark -c 50 that its ÷ C -c 50"
-        " ratio is paired with. Figures are medians"
-        " over the repetitions; each ratio is the median of per-repetition ratios.",
+        f" {C_CLIENT_N} requests per run; the server's limits {CEILING_N} each), then the"
+        f" sequential conditions interleaved in blocks of 100 ({SEQ_N} each), then each"
+        f" condition with tasks in turn (1 to 4 tasks: {CHUNKS} chunks of tasks x"
+        f" {PER_TASK} decisions; 64 tasks and more: {SUSTAINED} decisions in all, in one go,"
+        " as redis-benchmark runs its requests), in an order rotating every repetition, each"
+        " right after a run of redis-benchmark -c 50 that its ÷ C -c 50 ratio is paired"
+        " with. Figures are medians over the repetitions; each ratio is the median of"
+        " per-repetition ratios.",
         "Ours is one default `Backend.from_url(url)`: one multiplexed connection (plus one for"
         " wake-ups). The raw floor is `redis.asyncio.Redis.from_url(url, max_connections=1024)`:"
         " a connection per concurrent task.",
@@ -310,9 +376,11 @@ async def main() -> None:
         )
         cases = Cases(raw, sha, backend, prefix)
         cluster = Cases(raw, sha, cluster_backend, prefix) if cluster_backend else None
+        commands = {"floor": ["EVALSHA", sha, "1", f"{prefix}:c:__rand_int__", "60000"]}
+        commands |= {name: await cases.sent(name) for name in cases.limiters}
         reps = []
         for rep in range(REPS):
-            reps.append(await repetition(cases, rep, url, cluster))
+            reps.append(await repetition(cases, rep, url, cluster, commands))
             progress(f"rep {rep + 1}/{REPS} done")
         report(reps, "C -c 1" in reps[0], cluster is not None)
     finally:
