@@ -36,6 +36,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -185,14 +186,16 @@ def shape(tasks: int) -> tuple[int, int]:
     return 1, max(PER_TASK, SUSTAINED // tasks)
 
 
-async def rate(op: Op, tasks: int) -> float:
-    """Operations per second of ``op`` from ``tasks`` concurrent tasks (``shape``)."""
+async def rate(op: Op, tasks: int) -> tuple[float, float]:
+    """Operations per second of ``op`` from ``tasks`` concurrent tasks (``shape``), and the
+    CPU this process spent per operation (µs: user and system, this thread's loop only)."""
     chunks, per_task = shape(tasks)
     chunk = fan_out(op, tasks, per_task)
-    start = perf()
+    start, cpu = perf(), time.process_time()
     for c in range(chunks):
         await chunk(c)
-    return chunks * tasks * per_task / (perf() - start)
+    n = chunks * tasks * per_task
+    return n / (perf() - start), (time.process_time() - cpu) * 1e6 / n
 
 
 async def repetition(
@@ -239,7 +242,7 @@ async def repetition(
         rps = c_client(url, cases.sha, cases.prefix, 50)
         if rps is not None:
             figures[f"C -c 50|{name}"] = rps
-        figures[name] = await rate(op, tasks)
+        figures[name], figures[f"cpu|{name}"] = await rate(op, tasks)
     return figures
 
 
@@ -325,19 +328,29 @@ def report(reps: list[dict[str, float]], has_c: bool, has_cluster: bool) -> None
         limits = []
         for name in ("floor", "FixedWindow", "SlidingWindow", "TokenBucket"):
             xs = col(f"limit|{name}")
-            ours = "-" if name == "floor" else ratio(paired_ratio(col(f"{name}|64"), xs))
+            ours = cpu = one_core = "-"
+            if name != "floor":
+                ours = ratio(paired_ratio(col(f"{name}|64"), xs))
+                cpus = col(f"cpu|{name}|64")
+                cpu = with_spread(cpus, 1)
+                # The decisions/s our client could give if it had a core to itself, read
+                # against the C client run before the crowd.
+                one_core = ratio(paired_ratio([1e6 / c for c in cpus], c50_of(f"{name}|64")))
             limits.append([
                 "the floor EVALSHA" if name == "floor" else f"{name}.hit's EVALSHA",
                 with_spread([1e6 / x for x in xs], 2),
                 with_spread(xs, 0),
                 ratio(paired_ratio(xs, c50)),
                 ours,
+                cpu,
+                one_core,
             ])  # fmt: skip
         print_table(
             f"The server's limit per script: redis-benchmark -c 50 -P {CEILING_PIPELINE}"
-            " sending the exact command",
+            " sending the exact command; our client's CPU at 64 tasks",
             ["script", "µs/call at the limit", "calls/s", "÷ C -c 50 (the most any client gets)",
-             "ours 64 tasks ÷ limit"],
+             "ours 64 tasks ÷ limit", "our client's CPU µs/decision",
+             "1 core of it ÷ C -c 50"],
             limits,
         )  # fmt: skip
     print_notes(
