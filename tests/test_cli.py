@@ -238,14 +238,21 @@ def test_every_command_survives_a_closed_pipe(command: list[str]) -> None:
 
 def test_ctrl_c_is_one_line_and_status_130() -> None:
     """Ctrl-C (SIGINT) while the demo runs: one line on stderr, status 130, no traceback."""
-    with subprocess.Popen(
-        [SCRIPT, "demo"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        env=environment(None),
-        text=True,
-    ) as proc:
+    # A child inherits an ignored SIGINT (a suite started in the background by a shell
+    # without job control has one), never a handler: as at a terminal, it gets the default.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            [SCRIPT, "demo"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env=environment(None),
+            text=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    with proc:
         assert proc.stdout is not None
         assert proc.stderr is not None
         proc.stdout.readline()  # it runs (the scene takes about 2 s more)
