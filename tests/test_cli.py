@@ -82,6 +82,19 @@ def cli(*args: str, url_env: str | None = None) -> subprocess.CompletedProcess[s
     return RUNNER.run(CONSOLE, args=args, cwd=Path(__file__).parent, env=env, timeout=60)
 
 
+def started(*args: str) -> subprocess.Popen[str]:
+    """The installed ``aioratelimit`` with ``args`` in a process of its own, on memory://,
+    its stdout and stderr piped (for the tests that signal it or close its pipe)."""
+    return subprocess.Popen(
+        [SCRIPT, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env=environment(None),
+        text=True,
+    )
+
+
 def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
     """The command failed with status 2 and one line on stderr (no traceback): that line."""
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
@@ -200,14 +213,7 @@ def test_demo_honours_redis_url(redis_url: str) -> None:
 def test_demo_into_a_closed_pipe_stops_quietly() -> None:
     """`aioratelimit demo | head -1`: the reader leaves after one line; no traceback,
     nothing on stderr, status 141 (what a shell reports for SIGPIPE)."""
-    with subprocess.Popen(
-        [SCRIPT, "demo"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        env=environment(None),
-        text=True,
-    ) as proc:
+    with started("demo") as proc:
         assert proc.stdout is not None
         assert proc.stderr is not None
         assert "demo on memory://" in proc.stdout.readline()
@@ -220,14 +226,7 @@ def test_demo_into_a_closed_pipe_stops_quietly() -> None:
 def test_every_command_survives_a_closed_pipe(command: list[str]) -> None:
     """The other commands too: whether or not the reader left before they wrote, they
     end with no traceback (status 0, or 141 if a write found the pipe closed)."""
-    with subprocess.Popen(
-        [SCRIPT, *command],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        env=environment(None),
-        text=True,
-    ) as proc:
+    with started(*command) as proc:
         assert proc.stdout is not None
         assert proc.stderr is not None
         proc.stdout.readline()
@@ -242,14 +241,7 @@ def test_ctrl_c_is_one_line_and_status_130() -> None:
     # without job control has one), never a handler: as at a terminal, it gets the default.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        proc = subprocess.Popen(
-            [SCRIPT, "demo"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            env=environment(None),
-            text=True,
-        )
+        proc = started("demo")
     finally:
         signal.signal(signal.SIGINT, previous)
     with proc:
