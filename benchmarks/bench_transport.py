@@ -90,10 +90,14 @@ CROWDS = (64, 256, 1024)
 Op = Callable[[int], Awaitable[object]]
 
 
+def floor_command(sha: str, prefix: str) -> list[str]:
+    """The floor EVALSHA as redis-benchmark sends it, on a random key under ``prefix``."""
+    return ["EVALSHA", sha, "1", f"{prefix}:c:__rand_int__", "60000"]
+
+
 def c_client(url: str, sha: str, prefix: str, connections: int) -> float | None:
     """``redis-benchmark`` running the floor EVALSHA: requests per second (None without it)."""
-    command = ["EVALSHA", sha, "1", f"{prefix}:c:__rand_int__", "60000"]
-    return redis_benchmark(url, command, connections, 1, C_CLIENT_N)
+    return redis_benchmark(url, floor_command(sha, prefix), connections, 1, C_CLIENT_N)
 
 
 def redis_benchmark(
@@ -188,7 +192,8 @@ def shape(tasks: int) -> tuple[int, int]:
 
 async def rate(op: Op, tasks: int) -> tuple[float, float]:
     """Operations per second of ``op`` from ``tasks`` concurrent tasks (``shape``), and the
-    CPU this process spent per operation (µs: user and system, this thread's loop only)."""
+    CPU this whole process spent per operation (µs, user and system: the event loop and
+    the kernel's share of the socket calls included)."""
     chunks, per_task = shape(tasks)
     chunk = fan_out(op, tasks, per_task)
     start, cpu = perf(), time.process_time()
@@ -389,7 +394,7 @@ async def main() -> None:
         )
         cases = Cases(raw, sha, backend, prefix)
         cluster = Cases(raw, sha, cluster_backend, prefix) if cluster_backend else None
-        commands = {"floor": ["EVALSHA", sha, "1", f"{prefix}:c:__rand_int__", "60000"]}
+        commands = {"floor": floor_command(sha, prefix)}
         commands |= {name: await cases.sent(name) for name in cases.limiters}
         reps = []
         for rep in range(REPS):

@@ -6,7 +6,7 @@ and then, for each program it is sent (with arguments, if any), forks a child th
 program as ``__main__`` and exits. Starting an interpreter and importing those modules is
 most of what a short example costs (about 0.4 s of CPU without FastAPI, 0.9 s with it); a
 fork costs a few milliseconds. tests/test_docs.py runs the memory:// examples this way, and
-tests/test_cli.py the console script's entry point (tests/console_script.py); the redis://
+tests/test_cli.py the installed console script (a Python program pip wrote); the redis://
 examples keep a fresh interpreter each, so every example still runs once from a cold start,
 and so do the CLI tests that need a process of their own.
 
@@ -79,7 +79,6 @@ class Runner:
             out, err = Path(scratch) / "stdout", Path(scratch) / "stderr"
             argv = [str(program), *args]
             request = {
-                "program": str(program),
                 "argv": argv,
                 "cwd": str(cwd),
                 "env": env,
@@ -138,10 +137,10 @@ def _child(request: dict[str, object]) -> None:
         os.dup2(nothing, 0)  # not the server's requests
         os.close(nothing)
         signal.alarm(max(1, math.ceil(float(str(request["timeout"])))))  # then killed
-        program = str(request["program"])
         argv = request["argv"]
         assert isinstance(argv, list)
         sys.argv = [str(arg) for arg in argv]
+        program = sys.argv[0]
         sys.path[0] = os.path.dirname(program)
         warnings.resetwarnings()
         warnings.simplefilter("error")

@@ -31,8 +31,6 @@ from aioratelimit._scripts import MIN_CLUSTER_VERSION, MIN_REDIS_VERSION
 
 #: The installed console script (``[project.scripts]``), beside this interpreter.
 SCRIPT = str(Path(sys.executable).with_name("aioratelimit"))
-#: What it runs, for ``cli`` to run in a fork of a warm interpreter.
-CONSOLE = Path(__file__).with_name("console_script.py")
 #: The fork server of ``cli`` (one command at a time), stopped when the session ends.
 RUNNER = forkrun.Runner()
 jobs.at_stop(RUNNER.close)
@@ -73,13 +71,13 @@ def run(
 
 
 def cli(*args: str, url_env: str | None = None) -> subprocess.CompletedProcess[str]:
-    """``aioratelimit`` with ``args``: the console script's entry point with its own argv,
-    environment, stdin and output, in a fork of a warm interpreter (tests/forkrun.py), so
-    a command costs milliseconds rather than an interpreter's start. The installed script
-    and ``python -m aioratelimit`` start cold in the tests that need a process of their
-    own (the demo, --version, an unreachable server, closed pipes, Ctrl-C, a terminal)."""
+    """The installed ``aioratelimit`` with ``args``, its own argv, environment, stdin and
+    output, run in a fork of a warm interpreter (tests/forkrun.py), so a command costs
+    milliseconds rather than an interpreter's start. It starts cold, as ``SCRIPT`` or
+    ``python -m aioratelimit``, in the tests that need a process of their own (the demo,
+    --version, an unreachable server, closed pipes, Ctrl-C, a terminal)."""
     env = environment(url_env)
-    return RUNNER.run(CONSOLE, args=args, cwd=Path(__file__).parent, env=env, timeout=60)
+    return RUNNER.run(Path(SCRIPT), args=args, cwd=Path(__file__).parent, env=env, timeout=60)
 
 
 def started(*args: str) -> subprocess.Popen[str]:
