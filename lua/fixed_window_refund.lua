@@ -5,17 +5,36 @@
 -- ARGV[1]  cost  hits to give back (integer >= 1)
 --
 -- Reply: {the most hits given back under any one rate (0: no window held any), now_us}
+--
+-- A window is open while its end is ahead of TIME's reading, as in fixed_window.lua:
+-- PEXPIRETIME where the server has it (7.0+), else PTTL from TIME's ms (6.2). Not PTTL on
+-- 7.0+: it counts from the live clock, which may have passed a millisecond since TIME.
 local cost = tonumber(ARGV[1])
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
+-- The end of the window of a live key (µs; <= 0 when it has no expiry).
+local window_end
+if redis.REDIS_VERSION_NUM then
+  window_end = function(key)
+    return redis.call('PEXPIRETIME', key) * 1000
+  end
+else
+  local now_ms = now - now % 1000
+  window_end = function(key)
+    local ttl = redis.call('PTTL', key)
+    if ttl < 0 then
+      return ttl * 1000
+    end
+    return now_ms + ttl * 1000
+  end
+end
+
 local given = 0
 for i = 1, #KEYS do
   local count = tonumber(redis.call('GET', KEYS[i]) or '0')
-  -- Open while its end (whole ms) is ahead: PTTL > 0, the same test as PEXPIRETIME's end
-  -- against TIME, and on Redis 6.2 too.
-  if count > 0 and redis.call('PTTL', KEYS[i]) > 0 then
+  if count > 0 and window_end(KEYS[i]) > now then
     local give = cost
     if give > count then give = count end
     if give == count then

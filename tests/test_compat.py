@@ -74,7 +74,7 @@ REDIS_6_2_OPTIONS = {
 }
 #: Commands newer than 6.2 a script may call, and why that is safe there.
 NEWER = {
-    "PEXPIRETIME": "fixed_window.lua, only where redis.REDIS_VERSION_NUM is set (7.0+)",
+    "PEXPIRETIME": "fixed_window*.lua, only where redis.REDIS_VERSION_NUM is set (7.0+)",
     "SPUBLISH": "passed in by the cluster store only: a cluster needs 7.0 (checked)",
 }
 #: What a script publishes with, passed as an argument (``Store.publish_command``).
@@ -89,11 +89,12 @@ def test_scripts_call_only_commands_redis_6_2_has() -> None:
     assert options() <= REDIS_6_2_OPTIONS
 
 
-def test_pexpiretime_is_called_only_where_the_server_has_it() -> None:
-    """PEXPIRETIME (7.0) appears in one script, inside its ``if redis.REDIS_VERSION_NUM``
-    branch, and the other branch reads PTTL (6.2)."""
-    assert called()["PEXPIRETIME"] == {"fixed_window.lua"}
-    text = sources()["fixed_window.lua"]
+@pytest.mark.parametrize("name", ["fixed_window.lua", "fixed_window_refund.lua"])
+def test_pexpiretime_is_called_only_where_the_server_has_it(name: str) -> None:
+    """PEXPIRETIME (7.0) appears in the fixed window's scripts only, inside their
+    ``if redis.REDIS_VERSION_NUM`` branch, and the other branch reads PTTL (6.2)."""
+    assert called()["PEXPIRETIME"] == {"fixed_window.lua", "fixed_window_refund.lua"}
+    text = sources()[name]
     branch = re.search(r"\nif redis\.REDIS_VERSION_NUM then\n(.*?)\nelse\n(.*?)\nend\n", text, re.S)
     assert branch is not None
     newer, older = branch.groups()
