@@ -38,13 +38,13 @@ LIMITERS: dict[str, Callable[[arl.Backend], arl.Limiter]] = {
 }
 
 
-async def crowd(hit: arl.Limiter, prefix: str, tasks: int, decisions: int) -> None:
+async def crowd(limiter: arl.Limiter, prefix: str, tasks: int, decisions: int) -> None:
     """``decisions`` hits in all from ``tasks`` tasks, on 1,000 user keys."""
     per_task = decisions // tasks
 
     async def worker(base: int) -> None:
         for i in range(base, base + per_task):
-            await hit.hit(f"{prefix}:{i % 1000}")
+            await limiter.hit(f"{prefix}:{i % 1000}")
 
     await asyncio.gather(*(worker(t * per_task) for t in range(tasks)))
 
@@ -78,8 +78,8 @@ async def main(args: argparse.Namespace) -> None:
         await backend.aclose()
         client = aredis.Redis.from_url(args.url)
         keys = [key async for key in client.scan_iter(match=f"{prefix}:*", count=1000)]
-        for start in range(0, len(keys), 500):
-            await client.delete(*keys[start : start + 500])
+        for first in range(0, len(keys), 500):
+            await client.delete(*keys[first : first + 500])
         await client.aclose()
 
 
