@@ -5,7 +5,8 @@ iteration is written at once (a lone caller waits for nobody); the commands issu
 the rest of that iteration are joined and written in chunks of ``CHUNK`` (the last when it
 ends), so 64 concurrent callers cost three ``send`` calls, not 64, and the server works on a
 chunk while the next is built. Replies come back in order and are matched
-to their callers by a FIFO of futures; hiredis parses them straight from the socket's data.
+to their callers by a FIFO of writes (each with its callers' futures, in order); hiredis
+parses them straight from the socket's data.
 
 What a caller may rely on:
 
