@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from ._args import US, check_int, check_seconds, to_us
 
@@ -114,49 +115,42 @@ class Decision:
     def from_reply(cls, reply: Sequence[int]) -> Decision:
         """The one reading of a limiter script's reply ``{allowed, limit, remaining,
         reset_us, retry_us, now_us, granted}``."""
-        # The slots are set through their descriptors, not by the frozen dataclass's
-        # __init__ (an object.__setattr__ call per field): 1.5 µs per decision instead of
-        # 2.5, measured side by side; that is a seventh of a memory:// decision.
         # RESP integers: ints already, from every client and from the memory twins.
         allowed, limit, remaining, reset_us, retry_us, _, granted = reply
-        decision = _new(cls)
-        _set_allowed(decision, allowed == 1)
-        _set_limit(decision, limit)
-        _set_remaining(decision, remaining if remaining > 0 else 0)
-        _set_reset_after(decision, reset_us / US)  # (``from_us``, inline)
-        _set_retry_after(decision, retry_us / US)
-        _set_granted(decision, granted)
-        _set_source(decision, "redis")
-        _set_shadow(decision, False)
-        _set_shadow_denied(decision, False)
-        return decision
+        d = _new(_Unfrozen)
+        d.allowed = allowed == 1
+        d.limit = limit
+        d.remaining = remaining if remaining > 0 else 0
+        d.reset_after = reset_us / US  # (``from_us``, inline)
+        d.retry_after = retry_us / US
+        d.granted = granted
+        d.source = "redis"
+        d.shadow = d.shadow_denied = False
+        d.__class__ = cls  # type: ignore[assignment]
+        return cast(Decision, d)
+
+
+class _Unfrozen:
+    """A ``Decision`` being filled in: the same slots, without the frozen dataclass's
+    ``__setattr__``, so plain attribute stores; it becomes a ``Decision`` by a
+    ``__class__`` assignment (allowed between classes with the same slots). ``from_reply``
+    takes 0.7 µs so, against 1.2 through the slots' descriptors (timed side by side, about
+    5 % of the client CPU of a decision at 64 tasks), and those against the dataclass's
+    ``__init__`` (an ``object.__setattr__`` call per field) had saved 1 µs more."""
+
+    __slots__ = Decision.__slots__
+    allowed: bool
+    limit: int
+    remaining: int
+    reset_after: float
+    retry_after: float
+    granted: int
+    source: str
+    shadow: bool
+    shadow_denied: bool
 
 
 _new = object.__new__
-(
-    _set_allowed,
-    _set_limit,
-    _set_remaining,
-    _set_reset_after,
-    _set_retry_after,
-    _set_granted,
-    _set_source,
-    _set_shadow,
-    _set_shadow_denied,
-) = (
-    Decision.__dict__[field].__set__
-    for field in (
-        "allowed",
-        "limit",
-        "remaining",
-        "reset_after",
-        "retry_after",
-        "granted",
-        "source",
-        "shadow",
-        "shadow_denied",
-    )
-)
 
 
 def new_decision(
@@ -172,14 +166,15 @@ def new_decision(
 ) -> Decision:
     """A ``Decision`` made without the frozen dataclass's ``__init__`` (as ``from_reply``
     does; the deny cache answers with it: 1 µs less per cached denial)."""
-    d = _new(Decision)
-    _set_allowed(d, allowed)
-    _set_limit(d, limit)
-    _set_remaining(d, remaining)
-    _set_reset_after(d, reset_after)
-    _set_retry_after(d, retry_after)
-    _set_granted(d, granted)
-    _set_source(d, source)
-    _set_shadow(d, shadow)
-    _set_shadow_denied(d, shadow_denied)
-    return d
+    d = _new(_Unfrozen)
+    d.allowed = allowed
+    d.limit = limit
+    d.remaining = remaining
+    d.reset_after = reset_after
+    d.retry_after = retry_after
+    d.granted = granted
+    d.source = source
+    d.shadow = shadow
+    d.shadow_denied = shadow_denied
+    d.__class__ = Decision  # type: ignore[assignment]
+    return cast(Decision, d)

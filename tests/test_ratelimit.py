@@ -9,6 +9,7 @@ only with generous margins, so they hold on a loaded machine.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 import uuid
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 import aioratelimit as arl
+from aioratelimit._rates import new_decision
 from aioratelimit._scripts import Arg, Reply, Script
 
 Make = Callable[[str, arl.Backend], Any]
@@ -257,6 +259,20 @@ async def test_fixed_window_decision_fields(backend: arl.Backend, key: str) -> N
     assert (denied.allowed, denied.limit, denied.remaining) == (False, 2, 0)
     assert 50 < denied.retry_after <= 60
     assert denied.retry_after == denied.reset_after
+
+
+async def test_decisions_are_true_frozen_dataclasses(backend: arl.Backend, key: str) -> None:
+    """A decision read from a reply, and one the deny cache makes, are built in place (not
+    through ``__init__``) yet are true ``Decision``s: type, equality, hash, repr, frozen."""
+    made = arl.Decision(True, 2, 1, 60.0, 0.0, granted=1)
+    read = await arl.FixedWindow("2/minute", backend=backend).hit(key)
+    cached = new_decision(True, 2, 1, 60.0, 0.0, "redis", granted=1)
+    for d in (read, cached):
+        assert type(d) is arl.Decision
+        assert (d, hash(d), repr(d)) == (made, hash(made), repr(made))
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            d.allowed = False  # type: ignore[misc]
+        assert d.allowed is True
 
 
 #: Windows about the millisecond and off it (whole µs), alone and together (limits apart,

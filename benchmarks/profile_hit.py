@@ -1,0 +1,104 @@
+"""Our client's CPU per decision: ``tasks`` concurrent tasks hitting one limiter.
+
+Run against a server of your own (it writes keys under a prefix unique to the run and
+deletes them before it exits)::
+
+    REDIS_URL=redis://127.0.0.1:6398/0 .venv/bin/python benchmarks/profile_hit.py \
+        --tasks 64 --decisions 40000 [--limiter fw|sw|tb] [--loop uvloop] [--profile 30]
+
+It prints one line per run: the process's CPU per decision (``time.process_time``: user
+and system, the event loop and the kernel's share of the socket calls included) and
+decisions per second. ``--profile N`` runs the measured part under cProfile and prints its
+top ``N`` functions by own time (cProfile inflates every Python call, so read its shares,
+not its totals; ``perf record -g`` on the process sees C frames too). For an A/B of two
+trees, alternate runs of this script in each tree's venv, one process per run: this VM's
+speed drifts within a minute, so only interleaved figures compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import os
+import pstats
+import sys
+import time
+import uuid
+from collections.abc import Callable
+
+import redis.asyncio as aredis
+
+import aioratelimit as arl
+
+LIMITERS: dict[str, Callable[[arl.Backend], arl.Limiter]] = {
+    "fw": lambda backend: arl.FixedWindow("1000000000/hour", backend=backend),
+    "sw": lambda backend: arl.SlidingWindow("1000000000/hour", backend=backend),
+    "tb": lambda backend: arl.TokenBucket("1000000000/hour", backend=backend),
+}
+
+
+async def crowd(limiter: arl.Limiter, prefix: str, tasks: int, decisions: int) -> None:
+    """``decisions`` hits in all from ``tasks`` tasks, on 1,000 user keys."""
+    per_task = decisions // tasks
+
+    async def worker(base: int) -> None:
+        for i in range(base, base + per_task):
+            await limiter.hit(f"{prefix}:{i % 1000}")
+
+    await asyncio.gather(*(worker(t * per_task) for t in range(tasks)))
+
+
+async def main(args: argparse.Namespace) -> None:
+    prefix = f"prof-{uuid.uuid4().hex[:8]}"
+    backend = arl.Backend.from_url(args.url, prefix=prefix)
+    limiter = LIMITERS[args.limiter](backend)
+    try:
+        await crowd(limiter, "warm", args.tasks, max(args.tasks * 20, args.decisions // 10))
+        profiler = cProfile.Profile() if args.profile else None
+        n = args.decisions // args.tasks * args.tasks
+        start, cpu, times = time.perf_counter(), time.process_time(), os.times()
+        if profiler is not None:
+            profiler.enable()
+        await crowd(limiter, "run", args.tasks, n)
+        if profiler is not None:
+            profiler.disable()
+        elapsed, used = time.perf_counter() - start, time.process_time() - cpu
+        user, system = (b - a for a, b in zip(times[:2], os.times()[:2], strict=True))
+        print(
+            f"{args.limiter} tasks={args.tasks} decisions={n} cpu_us={used * 1e6 / n:.3f}"
+            f" per_s={n / elapsed:.0f} user_us={user * 1e6 / n:.2f} sys_us={system * 1e6 / n:.2f}",
+            flush=True,
+        )
+        if profiler is not None:
+            pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(
+                args.profile
+            )
+    finally:
+        await backend.aclose()
+        client = aredis.Redis.from_url(args.url)
+        keys = [key async for key in client.scan_iter(match=f"{prefix}:*", count=1000)]
+        for first in range(0, len(keys), 500):
+            await client.delete(*keys[first : first + 500])
+        await client.aclose()
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6398/0"))
+    parser.add_argument("--tasks", type=int, default=64)
+    parser.add_argument("--decisions", type=int, default=40_000)
+    parser.add_argument("--limiter", choices=sorted(LIMITERS), default="fw")
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    parser.add_argument("--profile", type=int, default=0, metavar="N")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    arguments = parse()
+    if arguments.loop == "uvloop":
+        import uvloop
+
+        uvloop.run(main(arguments))
+    else:
+        asyncio.run(main(arguments))
