@@ -85,13 +85,17 @@ async def main(args: argparse.Namespace) -> None:
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6398/0"))
+    # A benchmark never guesses a server: REDIS_URL or --url.
+    parser.add_argument("--url", default=os.environ.get("REDIS_URL"))
     parser.add_argument("--tasks", type=int, default=64)
     parser.add_argument("--decisions", type=int, default=40_000)
     parser.add_argument("--limiter", choices=sorted(LIMITERS), default="fw")
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     parser.add_argument("--profile", type=int, default=0, metavar="N")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if not args.url:
+        parser.error("name the server: REDIS_URL=redis://host:port/0 or --url")
+    return args
 
 
 if __name__ == "__main__":

@@ -77,6 +77,21 @@ def test_cluster_benchmark_smoke_run(
     smoke_run(script, sync_redis, REDIS_URL=redis_url, REDIS_CLUSTER_URL=cluster_url)
 
 
+@pytest.mark.slow
+def test_profile_hit_smoke_run(redis_url: str, sync_redis: redis.Redis) -> None:
+    """benchmarks/profile_hit.py (the client's CPU per decision) runs tiny, cProfile on,
+    prints its one line and the profile, and deletes the keys it wrote."""
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "profile_hit.py"), "--url", redis_url,
+         "--tasks", "4", "--decisions", "200", "--limiter", "sw", "--profile", "3"],
+        cwd=BENCHMARKS.parent, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.match(r"sw tasks=4 decisions=200 cpu_us=[0-9.]+ per_s=[0-9]+ ", done.stdout)
+    assert "tottime" in done.stdout, done.stdout[-2000:]
+    assert not set(sync_redis.scan_iter(match="prof-*", count=1000))
+
+
 def test_every_benchmark_is_found() -> None:
     """The smoke runs above cover at least the rate-limit benchmark (the glob still matches),
     and bench_cluster, named by hand, is among the scripts."""
