@@ -30,7 +30,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 
-import hypothesis  # noqa: F401  (imported early: a late import trips a CPython 3.11 AST bug)
+import hypothesis  # (imported early: a late import trips a CPython 3.11 AST bug)
 import jobs
 import loops
 import pytest
@@ -40,6 +40,13 @@ from servers import RedisServer, permit, remove_scratch
 from tls_servers import mtls_redis, pki, plain_redis, tls_redis  # noqa: F401  (TLS, ACL servers)
 
 import aioratelimit as arl
+
+#: Hypothesis profiles: ``full`` (its own default of 100 examples a test) is what scripts/test
+#: runs in every lane; pytest alone loads ``quick``, a fifth of that (the oracle scales its
+#: explicit counts by the profile's, test_oracle.examples).
+hypothesis.settings.register_profile("full", max_examples=100)
+hypothesis.settings.register_profile("quick", max_examples=20)
+hypothesis.settings.load_profile("quick")  # --hypothesis-profile, read later, overrides it
 
 if loops.FACTORY is not None:
     # Defined only then: without the hook pytest-asyncio keeps its own default loop.

@@ -798,7 +798,8 @@ MACHINES = [
     Idempotency,
     ServerChecks,
 ]
-#: examples per machine (of 60 steps, each one call)
+#: examples per machine (of 60 steps, each one call) under the ``full`` Hypothesis profile
+#: (100 examples a test; what scripts/test runs), scaled down with the profile's count
 EXAMPLES = {machine: 15 for machine in MACHINES} | {
     FixedWindows: 30,
     SlidingWindows: 30,
@@ -808,6 +809,11 @@ EXAMPLES = {machine: 15 for machine in MACHINES} | {
     OneShotTokens: 10,
     ServerChecks: 3,
 }
+
+
+def examples(machine: type[Oracle]) -> int:
+    """The examples ``machine`` runs under the loaded profile (tests/conftest.py)."""
+    return max(1, EXAMPLES[machine] * settings().max_examples // 100)
 
 
 def test_the_machines_call_every_script() -> None:
@@ -826,7 +832,8 @@ def test_the_machines_call_every_script() -> None:
 )
 def test_scripts_and_twins_agree(machine: type[Oracle], version: tuple[int, int]) -> None:
     """Each script and its twin give the same replies, keys, TTLs and publishes for any
-    history of calls on one frozen clock; fixed_window.lua also on its Redis 6.2 branch."""
+    history of calls on one frozen clock; fixed_window.lua also on its Redis 6.2 branch.
+    Under the full profile, the histories reach each script's listed branches."""
     loop = asyncio.new_event_loop()
     seen: Counter[tuple[str, int]] = Counter()
 
@@ -841,7 +848,7 @@ def test_scripts_and_twins_agree(machine: type[Oracle], version: tuple[int, int]
             run_state_machine_as_test(
                 OnOneClock,
                 settings=settings(
-                    max_examples=EXAMPLES[machine],
+                    max_examples=examples(machine),
                     stateful_step_count=60,
                     deadline=None,
                     # The same histories every run: the branch checks below then pass or
@@ -858,6 +865,12 @@ def test_scripts_and_twins_agree(machine: type[Oracle], version: tuple[int, int]
     finally:
         OnOneClock.redis.close()
         loop.close()
+    if examples(machine) < EXAMPLES[machine]:
+        # A quick run's histories are a fifth as long: most of them reach every branch,
+        # but with no margin (at 0.7 of the quick count four machines miss one), so a
+        # Hypothesis release that reshuffles them would fail a run with no drift in it.
+        # scripts/test runs the full count, five times the histories each check needs.
+        return
     for name, want in machine.branches.items():
         reached = {code for (n, code) in seen if n == name}
         assert want <= reached, f"{name}: branches {want - reached} never reached ({seen})"
