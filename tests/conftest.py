@@ -35,6 +35,7 @@ import jobs
 import loops
 import pytest
 import redis
+import typecheck
 from cluster_fixtures import RedisClusterDeployment, SentinelDeployment, sync_client
 from servers import RedisServer, permit, remove_scratch
 from tls_servers import mtls_redis, pki, plain_redis, tls_redis  # noqa: F401  (TLS, ACL servers)
@@ -60,11 +61,13 @@ if loops.FACTORY is not None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Refuse an event loop name this suite does not know (instead of silently using asyncio)."""
+    """Refuse an event loop name this suite does not know (instead of silently using asyncio);
+    keep the type checks' mypy cache in pytest's (tests/typecheck.py)."""
     if loops.NAME not in loops.NAMES:
         raise pytest.UsageError(
             f"AIORATELIMIT_TEST_LOOP={loops.NAME!r}: expected one of {', '.join(loops.NAMES)}"
         )
+    typecheck.configure(config)
 
 
 #: The marks that name a deployment; a test with none of them is marked ``memory``.
