@@ -1,7 +1,8 @@
 """Subprocess checks that start early and run in the background while the suite goes on.
 
-A test whose whole work is one subprocess that needs no fixture (a docs example on
-memory://, a mypy run) names that work with the ``early`` mark::
+A test whose whole work is a subprocess that needs no fixture (a docs example on
+memory://, a mypy run, a cold start of the CLI, a user's pytest run; a job makes its own
+temporary folder if it needs one) names that work with the ``early`` mark::
 
     @pytest.mark.early(job=run)     # run: a callable of no argument, returning the result
 
@@ -15,9 +16,10 @@ Under pytest-xdist (``-n``) every worker collects every test and runs only those
 sent, so nothing starts at collection: each job starts when its test asks for its result,
 and the workers run side by side instead.
 
-What it buys: the docs examples (one interpreter each) and the type checks are about half
-of ``pytest -m memory`` when run one after the other in the foreground; in the background
-they overlap with the rest of the lane, most of which waits on timers.
+What it buys: the docs examples (one interpreter each), the type checks and the other
+processes started cold are about half of ``pytest -m memory`` when run one after the other
+in the foreground; in the background they overlap with the rest of the lane, most of which
+waits on timers. A job must not need the main thread (no ``signal.signal``).
 """
 
 from __future__ import annotations

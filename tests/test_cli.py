@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import pty
 import re
@@ -75,7 +76,9 @@ def cli(*args: str, url_env: str | None = None) -> subprocess.CompletedProcess[s
     output, run in a fork of a warm interpreter (tests/forkrun.py), so a command costs
     milliseconds rather than an interpreter's start. It starts cold, as ``SCRIPT`` or
     ``python -m aioratelimit``, in the tests that need a process of their own (the demo,
-    --version, an unreachable server, closed pipes, Ctrl-C, a terminal)."""
+    --version, an unreachable server, closed pipes, Ctrl-C, a terminal): all but Ctrl-C
+    (which sets the signal handler the child inherits) run as background jobs
+    (tests/jobs.py)."""
     env = environment(url_env)
     return RUNNER.run(Path(SCRIPT), args=args, cwd=Path(__file__).parent, env=env, timeout=60)
 
@@ -135,10 +138,14 @@ def check_demo(proc: subprocess.CompletedProcess[str], where: str) -> None:
     assert "Done in" in proc.stdout
 
 
-def test_demo_runs_on_memory_without_a_server() -> None:
+def demo_on_memory() -> subprocess.CompletedProcess[str]:
+    return run(SCRIPT, "demo")
+
+
+@pytest.mark.early(job=demo_on_memory)
+def test_demo_runs_on_memory_without_a_server(request: pytest.FixtureRequest) -> None:
     """`aioratelimit demo` plays the scene on the embedded store: 5 of 12 admitted per limiter."""
-    script = Path(sys.executable).with_name("aioratelimit")
-    check_demo(run(str(script), "demo"), "memory://")
+    check_demo(jobs.result(request), "memory://")
 
 
 def test_demo_runs_on_a_real_server(redis_url: str) -> None:
@@ -147,10 +154,15 @@ def test_demo_runs_on_a_real_server(redis_url: str) -> None:
     check_demo(proc, redis_url)
 
 
-def test_unreachable_server_is_one_line_and_exit_2() -> None:
-    """A refused connection prints one error line (no traceback) and exits with status 2."""
+def demo_on_a_closed_port() -> tuple[str, subprocess.CompletedProcess[str]]:
     url = f"redis://127.0.0.1:{free_port()}/0"
-    proc = run(sys.executable, "-m", "aioratelimit", "demo", "--url", url)
+    return url, run(sys.executable, "-m", "aioratelimit", "demo", "--url", url)
+
+
+@pytest.mark.early(job=demo_on_a_closed_port)
+def test_unreachable_server_is_one_line_and_exit_2(request: pytest.FixtureRequest) -> None:
+    """A refused connection prints one error line (no traceback) and exits with status 2."""
+    url, proc = jobs.result(request)
     assert proc.returncode == 2
     assert proc.stdout == ""
     lines = proc.stderr.splitlines()
@@ -180,9 +192,14 @@ def test_password_is_not_printed(capsys: pytest.CaptureFixture[str]) -> None:
     assert "***@127.0.0.1" in err
 
 
-def test_version() -> None:
+def version() -> subprocess.CompletedProcess[str]:
+    return run(sys.executable, "-m", "aioratelimit", "--version")
+
+
+@pytest.mark.early(job=version)
+def test_version(request: pytest.FixtureRequest) -> None:
     """`python -m aioratelimit --version` prints the package version and exits 0."""
-    proc = run(sys.executable, "-m", "aioratelimit", "--version")
+    proc = jobs.result(request)
     assert (proc.returncode, proc.stdout.strip()) == (0, f"aioratelimit {arl.__version__}")
 
 
@@ -208,29 +225,43 @@ def test_demo_honours_redis_url(redis_url: str) -> None:
     check_demo(cli("demo", url_env=redis_url), redis_url)
 
 
-def test_demo_into_a_closed_pipe_stops_quietly() -> None:
+def read_one_line(*args: str) -> tuple[str, int, str]:
+    """Start the command, read one line of its output and close the pipe (a reader that
+    leaves, as ``| head -1``): that line, its exit status and its stderr."""
+    with started(*args) as proc:
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        line = proc.stdout.readline()
+        proc.stdout.close()
+        return line, proc.wait(timeout=60), proc.stderr.read()
+
+
+@pytest.mark.early(job=functools.partial(read_one_line, "demo"))
+def test_demo_into_a_closed_pipe_stops_quietly(request: pytest.FixtureRequest) -> None:
     """`aioratelimit demo | head -1`: the reader leaves after one line; no traceback,
     nothing on stderr, status 141 (what a shell reports for SIGPIPE)."""
-    with started("demo") as proc:
-        assert proc.stdout is not None
-        assert proc.stderr is not None
-        assert "demo on memory://" in proc.stdout.readline()
-        proc.stdout.close()  # the demo still has its table and its 2 s wait to print
-        status = proc.wait(timeout=60)
-        assert (status, proc.stderr.read()) == (141, "")
+    # (Once the line is read, the demo still has its table and its 2 s wait to print.)
+    line, status, stderr = jobs.result(request)
+    assert "demo on memory://" in line
+    assert (status, stderr) == (141, "")
 
 
-@pytest.mark.parametrize("command", [["doctor"], ["bench", "--seconds", "0.1"]])
-def test_every_command_survives_a_closed_pipe(command: list[str]) -> None:
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(
+            command, marks=pytest.mark.early(job=functools.partial(read_one_line, *command))
+        )
+        for command in [["doctor"], ["bench", "--seconds", "0.1"]]
+    ],
+)
+def test_every_command_survives_a_closed_pipe(
+    command: list[str], request: pytest.FixtureRequest
+) -> None:
     """The other commands too: whether or not the reader left before they wrote, they
     end with no traceback (status 0, or 141 if a write found the pipe closed)."""
-    with started(*command) as proc:
-        assert proc.stdout is not None
-        assert proc.stderr is not None
-        proc.stdout.readline()
-        proc.stdout.close()
-        assert proc.wait(timeout=60) in (0, 141)
-        assert proc.stderr.read() == ""
+    _, status, stderr = jobs.result(request)
+    assert (status in (0, 141), stderr) == (True, "")
 
 
 def test_ctrl_c_is_one_line_and_status_130() -> None:
@@ -584,8 +615,8 @@ def test_bench_against_the_redis_py_floor(redis_url: str) -> None:
     assert "vs redis-py" in proc.stdout
 
 
-def test_bench_draws_a_progress_bar_on_a_terminal() -> None:
-    """With stderr on a terminal, a progress bar is drawn there (and wiped at the end)."""
+def bench_on_a_terminal() -> tuple[subprocess.CompletedProcess[bytes], str]:
+    """``bench`` with its stderr on a terminal: how it ended, and what the terminal got."""
     main_fd, tty_fd = pty.openpty()
     try:
         proc = subprocess.run(
@@ -601,6 +632,13 @@ def test_bench_draws_a_progress_bar_on_a_terminal() -> None:
     finally:
         os.close(main_fd)
         os.close(tty_fd)
+    return proc, drawn
+
+
+@pytest.mark.early(job=bench_on_a_terminal)
+def test_bench_draws_a_progress_bar_on_a_terminal(request: pytest.FixtureRequest) -> None:
+    """With stderr on a terminal, a progress bar is drawn there (and wiped at the end)."""
+    proc, drawn = jobs.result(request)
     assert proc.returncode == 0
     assert "[###" in drawn, drawn
     assert "aioratelimit, sequential" in drawn, drawn
