@@ -8,12 +8,15 @@ transport, a "Task was destroyed" or "Event loop is closed" report fails it on s
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
+import jobs
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "aioratelimit"
@@ -71,13 +74,29 @@ PROGRAM = textwrap.dedent(
 )
 
 
-def run_program(url: str, runner: str, default: bool, tmp_path: Path) -> str:
-    program = tmp_path / "loops.py"
+def start_program(
+    url: str, runner: str, default: bool, where: Path
+) -> subprocess.CompletedProcess[str]:
+    program = where / "loops.py"
     program.write_text(PROGRAM, encoding="utf-8")
     argv = [sys.executable, "-W", "error", str(program), url, runner, "default" if default else ""]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=where)
+
+
+def run_program(url: str, runner: str, default: bool, tmp_path: Path) -> str:
+    return succeeded(start_program(url, runner, default, tmp_path))
+
+
+def succeeded(proc: subprocess.CompletedProcess[str]) -> str:
+    """The program ended well and silently on stderr: its output."""
     assert (proc.returncode, proc.stderr) == (0, ""), proc.stdout + proc.stderr
     return proc.stdout
+
+
+def on_memory(runner: str) -> subprocess.CompletedProcess[str]:
+    """The program on memory:// in a folder of its own (a background job: tests/jobs.py)."""
+    with tempfile.TemporaryDirectory(prefix="arl-loops-") as where:
+        return start_program("memory://", runner, False, Path(where))
 
 
 @pytest.mark.parametrize("runner", ["asyncio", "uvloop"])
@@ -93,10 +112,18 @@ def test_one_backend_serves_successive_loops_on_a_server(
     assert out.endswith("done\n")
 
 
-@pytest.mark.parametrize("runner", ["asyncio", "uvloop"])
-def test_one_backend_serves_successive_loops_on_memory(runner: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "runner",
+    [
+        pytest.param(runner, marks=pytest.mark.early(job=functools.partial(on_memory, runner)))
+        for runner in ["asyncio", "uvloop"]
+    ],
+)
+def test_one_backend_serves_successive_loops_on_memory(
+    runner: str, request: pytest.FixtureRequest
+) -> None:
     """memory:// serves successive loops too (its wake-ups are in-process)."""
-    assert run_program("memory://", runner, False, tmp_path).endswith("done\n")
+    assert succeeded(jobs.result(request)).endswith("done\n")
 
 
 @pytest.mark.parametrize("runner", ["asyncio", "uvloop"])

@@ -6,6 +6,9 @@ import inspect
 import subprocess
 import sys
 
+import jobs
+import pytest
+
 import aioratelimit as arl
 
 #: The names API.md promises at the top level.
@@ -87,8 +90,8 @@ def test_exported_callables_have_docstrings() -> None:
     assert undocumented == []
 
 
-def test_star_import_in_a_fresh_interpreter() -> None:
-    """``from aioratelimit import *`` in a fresh process binds exactly ``__all__``."""
+def star_import() -> subprocess.CompletedProcess[str]:
+    """``from aioratelimit import *`` in a fresh interpreter (a background job: tests/jobs.py)."""
     code = (
         "names = set(globals())\n"
         "from aioratelimit import *\n"
@@ -97,13 +100,19 @@ def test_star_import_in_a_fresh_interpreter() -> None:
         "assert got == set(aioratelimit.__all__), sorted(got ^ set(aioratelimit.__all__))\n"
         "print(len(got))\n"
     )
-    out = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-W", "error", "-c", code],
         capture_output=True,
         text=True,
         timeout=60,
         env={"PATH": "/usr/bin:/bin"},
     )
+
+
+@pytest.mark.early(job=star_import)
+def test_star_import_in_a_fresh_interpreter(request: pytest.FixtureRequest) -> None:
+    """``from aioratelimit import *`` in a fresh process binds exactly ``__all__``."""
+    out = jobs.result(request)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) == len(arl.__all__)
 

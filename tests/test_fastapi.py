@@ -9,12 +9,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import httpx
+import jobs
 import pytest
 from fastapi import Depends, FastAPI
 from servers import RedisServer, free_port
@@ -261,35 +263,44 @@ async def test_example_service_end_to_end(store_url: str) -> None:
     assert len(listed) == 1
 
 
-def test_example_runs_with_one_command(tmp_path: Path) -> None:
-    """``python examples/fastapi_app.py`` serves on the embedded store with no REDIS_URL, and
-    stops cleanly on SIGTERM."""
+def serve_the_example() -> tuple[int, httpx.Response, httpx.Response, str]:
+    """``python examples/fastapi_app.py`` in a folder of its own, asked for ``/health`` and
+    an item, then sent SIGTERM (a background job: tests/jobs.py): its exit status, the two
+    responses and its output."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    log = tmp_path / "server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-W", "error", str(ROOT / "examples" / "fastapi_app.py"),
-             "--port", str(port)],
-            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
-        )  # fmt: skip
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                assert proc.poll() is None, log.read_text()
-                try:
-                    health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
-                    item = httpx.get(f"http://127.0.0.1:{port}/items/3", timeout=5)
-                    break
-                except httpx.TransportError:
-                    assert time.monotonic() < deadline, log.read_text()
-                    time.sleep(0.1)
-        finally:
-            proc.terminate()
-            code = proc.wait(30)
+    with tempfile.TemporaryDirectory(prefix="arl-example-") as where:
+        log = Path(where) / "server.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-W", "error", str(ROOT / "examples" / "fastapi_app.py"),
+                 "--port", str(port)],
+                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=where,
+            )  # fmt: skip
+            try:
+                deadline = time.monotonic() + 30
+                while True:
+                    assert proc.poll() is None, log.read_text()
+                    try:
+                        health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+                        item = httpx.get(f"http://127.0.0.1:{port}/items/3", timeout=5)
+                        break
+                    except httpx.TransportError:
+                        assert time.monotonic() < deadline, log.read_text()
+                        time.sleep(0.1)
+            finally:
+                proc.terminate()
+                code = proc.wait(30)
+        return code, health, item, log.read_text()
+
+
+@pytest.mark.early(job=serve_the_example)
+def test_example_runs_with_one_command(request: pytest.FixtureRequest) -> None:
+    """``python examples/fastapi_app.py`` serves on the embedded store with no REDIS_URL, and
+    stops cleanly on SIGTERM."""
+    code, health, item, output = jobs.result(request)
     assert health.json() == {"ok": True}
     assert item.headers["ratelimit"].startswith('"default";r=99;t=')
-    output = log.read_text()
     # uvicorn re-raises the SIGTERM it handled once it has shut down gracefully.
     assert code in (0, -signal.SIGTERM), output
     assert "Application shutdown complete" in output

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import jobs
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -446,8 +447,9 @@ def test_instrument_checks_near_limit() -> None:
     assert _observe.recorder is None
 
 
-def test_the_package_works_without_opentelemetry() -> None:
-    """``import aioratelimit`` imports no OpenTelemetry, and decides without it installed."""
+def without_opentelemetry() -> subprocess.CompletedProcess[str]:
+    """A program that decides with OpenTelemetry hidden, in a fresh interpreter (a
+    background job: tests/jobs.py)."""
     program = (
         "import sys, asyncio\n"
         "sys.modules['opentelemetry'] = None  # as if it were not installed\n"
@@ -464,9 +466,15 @@ def test_the_package_works_without_opentelemetry() -> None:
         "else:\n"
         "    raise AssertionError('aioratelimit.otel imported without opentelemetry')\n"
     )
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-W", "error", "-c", program], capture_output=True, text=True, timeout=60
     )
+
+
+@pytest.mark.early(job=without_opentelemetry)
+def test_the_package_works_without_opentelemetry(request: pytest.FixtureRequest) -> None:
+    """``import aioratelimit`` imports no OpenTelemetry, and decides without it installed."""
+    done = jobs.result(request)
     assert (done.returncode, done.stderr) == (0, "")
 
 

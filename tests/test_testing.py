@@ -3,13 +3,16 @@ that moves only when told; and the pytest plugin, run as a user's suite would ru
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
+import jobs
 import pytest
 
 import aioratelimit as arl
@@ -178,27 +181,41 @@ def test_restored_after() -> None:
 """
 
 
-@pytest.mark.parametrize("mode", ["strict", "auto"])
-def test_the_pytest_plugin_in_a_users_suite(tmp_path: Path, mode: str) -> None:
+def users_suite(mode: str) -> subprocess.CompletedProcess[str]:
+    """The user's suite run by pytest in a folder of its own, pytest-asyncio in ``mode``
+    (a background job: tests/jobs.py)."""
+    with tempfile.TemporaryDirectory(prefix="arl-users-suite-") as where:
+        folder = Path(where)
+        (folder / "conftest.py").write_text(USER_CONFTEST, encoding="utf-8")
+        (folder / "test_app.py").write_text(textwrap.dedent(USER_TESTS), encoding="utf-8")
+        (folder / "pytest.ini").write_text(
+            f"[pytest]\nasyncio_mode = {mode}\nasyncio_default_fixture_loop_scope = function\n"
+            "filterwarnings = error\n",
+            encoding="utf-8",
+        )
+        env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+        return subprocess.run(
+            [sys.executable, "-W", "error", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+             "-p", "no:randomly", str(folder)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=folder,
+            env=env,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param(mode, marks=pytest.mark.early(job=functools.partial(users_suite, mode)))
+        for mode in ["strict", "auto"]
+    ],
+)
+def test_the_pytest_plugin_in_a_users_suite(mode: str, request: pytest.FixtureRequest) -> None:
     """The fixtures as a user's own pytest run sees them, under pytest-asyncio in either
     mode, anyio's plugin and a sync test: a fresh default per test (no count carries
     over), the clock moving only when advanced, the default put back."""
-    (tmp_path / "conftest.py").write_text(USER_CONFTEST, encoding="utf-8")
-    (tmp_path / "test_app.py").write_text(textwrap.dedent(USER_TESTS), encoding="utf-8")
-    (tmp_path / "pytest.ini").write_text(
-        f"[pytest]\nasyncio_mode = {mode}\nasyncio_default_fixture_loop_scope = function\n"
-        "filterwarnings = error\n",
-        encoding="utf-8",
-    )
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    proc = subprocess.run(
-        [sys.executable, "-W", "error", "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "-p", "no:randomly", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env=env,
-    )  # fmt: skip
+    proc = jobs.result(request)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "6 passed" in proc.stdout, proc.stdout

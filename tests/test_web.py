@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import jobs
 import pytest
 from servers import RedisServer
 from webserver import fresh_backend, serving
@@ -396,15 +397,22 @@ def test_bad_configuration_is_rejected_at_construction() -> None:
         client_ip(trusted_proxies=["not-a-network"])
 
 
-def test_importing_the_package_imports_no_web_framework() -> None:
-    """``import aioratelimit`` and ``aioratelimit.asgi`` load neither FastAPI nor Starlette."""
+def import_the_package() -> subprocess.CompletedProcess[str]:
+    """In a fresh interpreter: the web frameworks that ``import aioratelimit`` and
+    ``aioratelimit.asgi`` loaded (a background job: tests/jobs.py)."""
     code = (
         "import sys, aioratelimit, aioratelimit.asgi;"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in"
         " ('fastapi', 'starlette', 'uvicorn', 'httpx', 'pydantic'));"
         "print(bad); sys.exit(1 if bad else 0)"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.early(job=import_the_package)
+def test_importing_the_package_imports_no_web_framework(request: pytest.FixtureRequest) -> None:
+    """``import aioratelimit`` and ``aioratelimit.asgi`` load neither FastAPI nor Starlette."""
+    proc = jobs.result(request)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
