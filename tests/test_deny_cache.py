@@ -134,7 +134,7 @@ async def test_a_flood_costs_one_denied_call_per_retry_window(
     """64 tasks hitting one key for several windows: at most one denied script call per
     retry window (the others share it or read the cache), and never more admitted than the
     limit per window."""
-    window, limit, windows = 0.5, 5, 6
+    window, limit, windows = 0.5, 5, 4
     limiter = arl.FixedWindow(f"{limit}/500ms", backend=backend, deny_cache=100)
     await cached_denial(limiter, key, limit)  # warm: the key is subscribed
     counting = Counting(backend)

@@ -233,14 +233,14 @@ async def test_lease_is_renewed_while_the_call_runs(backend: arl.Backend, key: s
     """A call running for several leases keeps its key: duplicates stay InProgress."""
     store = IdempotencyStore(backend)
 
-    @arl.idempotent(key=lambda: key, lease=1.5, backend=backend)
+    @arl.idempotent(key=lambda: key, lease=0.6, backend=backend)
     async def long() -> int:
-        await asyncio.sleep(3.3)
+        await asyncio.sleep(1.5)
         return 7
 
     task = asyncio.create_task(long())
     for _ in range(2):
-        await asyncio.sleep(1.6)  # each probe comes after a whole lease
+        await asyncio.sleep(0.65)  # each probe comes after a whole lease
         assert isinstance(await store.claim(key), InProgress)
     assert await task == 7
     assert await store.claim(key) == Replay(key, b"7")

@@ -513,12 +513,15 @@ async def test_block_exception_propagates_and_releases(backend: arl.Backend, key
 # -- renewal and LockLost -----------------------------------------------------------------
 
 
-async def test_renewal_keeps_a_1s_lock_for_3s_of_work(backend: arl.Backend, key: str) -> None:
-    """With auto_renew, a 1 s-ttl lock stays held through 3 s of work; nobody else gets it."""
-    lk = arl.Lock(key, ttl=1, backend=backend)
-    async with arl.lock(key, ttl=1, backend=backend) as lease:
+async def test_renewal_keeps_a_lock_through_several_ttls_of_work(
+    backend: arl.Backend, key: str
+) -> None:
+    """With auto_renew, a 0.6 s-ttl lock stays held through 1.5 s of work (as the
+    semaphore's slot in test_semaphore.py); nobody else gets it."""
+    lk = arl.Lock(key, ttl=0.6, backend=backend)
+    async with arl.lock(key, ttl=0.6, backend=backend) as lease:
         for _ in range(6):
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.25)
             with pytest.raises(arl.LockTimeout):
                 await lk.acquire(timeout=0)
         fence = lease.fencing_token
