@@ -116,7 +116,6 @@ def _child(request: dict[str, object]) -> None:
     """In the fork: become ``python -W error program``, run it, exit (never returns)."""
     import atexit
     import gc
-    import math
     import runpy
     import signal
     import traceback
@@ -136,7 +135,7 @@ def _child(request: dict[str, object]) -> None:
         nothing = os.open(os.devnull, os.O_RDONLY)
         os.dup2(nothing, 0)  # not the server's requests
         os.close(nothing)
-        signal.alarm(max(1, math.ceil(float(str(request["timeout"])))))  # then killed
+        signal.setitimer(signal.ITIMER_REAL, float(str(request["timeout"])))  # then killed
         argv = request["argv"]
         assert isinstance(argv, list)
         sys.argv = [str(arg) for arg in argv]
