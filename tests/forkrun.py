@@ -19,7 +19,8 @@ pending, all reported on stderr), as interpreter shutdown would. ``timeout`` sec
 it started, SIGALRM kills it.
 
 One request at a time per server (a line of JSON in, a line of JSON out); run one Runner
-per thread for parallel runs.
+per thread for parallel runs. ``runner()`` makes one whose server starts at once: made while
+pytest collects, it imports what it preloads on the core collection leaves idle.
 """
 
 from __future__ import annotations
@@ -55,6 +56,21 @@ class Runner:
         self._proc: subprocess.Popen[str] | None = None
         self._lock = threading.Lock()
 
+    def start(self) -> None:
+        """Start the server, if it is not running (it then imports ``PRELOAD`` while the
+        caller goes on; ``run`` waits for it)."""
+        with self._lock:
+            self._start()
+
+    def _start(self) -> None:
+        if self._proc is None or self._proc.poll() is not None:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-W", "error", __file__],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+
     def run(
         self,
         program: Path,
@@ -67,13 +83,8 @@ class Runner:
         """Run ``program`` with ``args`` in a fresh fork, as ``python program *args``
         would; its exit status, stdout and stderr."""
         with self._lock, tempfile.TemporaryDirectory(prefix="arl-forkrun-") as scratch:
-            if self._proc is None or self._proc.poll() is not None:
-                self._proc = subprocess.Popen(
-                    [sys.executable, "-W", "error", __file__],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    text=True,
-                )
+            self._start()
+            assert self._proc is not None
             assert self._proc.stdin is not None
             assert self._proc.stdout is not None
             out, err = Path(scratch) / "stdout", Path(scratch) / "stderr"
@@ -105,8 +116,17 @@ class Runner:
             assert proc.stdin is not None
             assert proc.stdout is not None
             proc.stdin.close()  # the server's loop ends at end of input
-            proc.wait(timeout=10)
+            proc.wait(timeout=60)  # (a server never used may still be importing)
             proc.stdout.close()
+
+
+def runner() -> Runner:
+    """A Runner whose server is starting already; in a pytest-xdist worker, one that starts
+    on first use (each worker collects every test, and is sent only some of them)."""
+    made = Runner()
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        made.start()
+    return made
 
 
 # -- the server (this file run as a program) ---------------------------------------------

@@ -32,8 +32,9 @@ from aioratelimit._scripts import MIN_CLUSTER_VERSION, MIN_REDIS_VERSION
 
 #: The installed console script (``[project.scripts]``), beside this interpreter.
 SCRIPT = str(Path(sys.executable).with_name("aioratelimit"))
-#: The fork server of ``cli`` (one command at a time), stopped when the session ends.
-RUNNER = forkrun.Runner()
+#: The fork server of ``cli`` (one command at a time; it starts while pytest collects),
+#: stopped when the session ends.
+RUNNER = forkrun.runner()
 jobs.at_stop(RUNNER.close)
 #: Every deployment a command that reads a server's state runs on.
 DEPLOYMENTS = ["redis", "cluster", "sentinel"]

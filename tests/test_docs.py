@@ -111,7 +111,7 @@ def run(example: Example, url: str, where: Path) -> subprocess.CompletedProcess[
 #: One fork server per background worker (tests/forkrun.py), each used by one job at a time.
 RUNNERS: queue.SimpleQueue[forkrun.Runner] = queue.SimpleQueue()
 for _ in range(jobs.WORKERS):
-    RUNNERS.put(forkrun.Runner())
+    RUNNERS.put(forkrun.runner())  # (starting while pytest collects)
 
 
 def close_runners() -> None:

@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import forkrun
+import jobs
 import pytest
 
+#: Started while pytest collects (forkrun.runner), stopped when the session ends.
+RUNNER = forkrun.runner()
+jobs.at_stop(RUNNER.close)
 
-@pytest.fixture(scope="module")
-def runner() -> Iterator[forkrun.Runner]:
-    runner = forkrun.Runner()
-    try:
-        yield runner
-    finally:
-        runner.close()
+
+@pytest.fixture
+def runner() -> forkrun.Runner:
+    return RUNNER
 
 
 def run(
