@@ -10,9 +10,17 @@ from its fixtures and its ``backend``, ``store_url`` or ``deployment`` parameter
 marks by hand): ``redis`` (a standalone server), ``cluster``, ``sentinel``, as many as it
 uses, or ``memory`` when it needs none (memory:// parameters, pure unit tests). So:
 
-    pytest -m memory               no server at all (about 2 minutes, 1 with -n 4)
+    pytest -m memory               no server at all (about 90 s on two busy cores, where
+                                   it took 200 s before the quick profile and the jobs below)
     pytest -m "memory or redis"    the standalone lane
     pytest                         everything (scripts/test runs the lanes)
+
+Strength. pytest alone loads Hypothesis's ``quick`` profile (registered below: a fifth of
+the oracle's histories, its branch checks left to the full count); scripts/test gives every
+lane ``--hypothesis-profile=full``, the counts CI has always run. Processes that need no
+fixture (the docs examples on memory://, the type checks, the CLI's cold starts, a user's
+pytest run) start in the background when collection ends (jobs.py), and the type checks
+keep mypy's cache in pytest's (typecheck.py): the same checks, beside the foreground.
 
 ``AIORATELIMIT_TEST_LOOP=uvloop`` runs every async test and async fixture on uvloop instead
 of asyncio's own loop (pytest-asyncio's loop factory hook, below), and the loops the tests
