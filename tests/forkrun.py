@@ -7,8 +7,9 @@ program as ``__main__`` and exits. Starting an interpreter and importing those m
 most of what a short example costs (about 0.4 s of CPU without FastAPI, 0.9 s with it); a
 fork costs a few milliseconds. tests/test_docs.py runs the memory:// examples this way, and
 tests/test_cli.py the installed console script (a Python program pip wrote); the redis://
-examples keep a fresh interpreter each, so every example still runs once from a cold start,
-and so do the CLI tests that need a process of their own.
+examples keep a fresh interpreter each in the main lane (forks in the others), so every
+example still runs once from a cold start, and so do the CLI tests that need a process of
+their own.
 
 The child is held to what a fresh ``python -W error program.py`` would show: warnings are
 errors; the program's ``sys.argv``, working directory and environment are its own; its stdin

@@ -12,8 +12,11 @@ A fragment that is not a whole program belongs in a ```text block.
 The memory:// runs and the type check need no fixture: they start in the background as
 soon as collection ends and their tests run last (tests/jobs.py); a memory:// run is a fork
 of a warm interpreter that has imported the library and the web stack (tests/forkrun.py),
-held to what a fresh interpreter would show; the redis:// runs start cold, so every example
-also runs once in an interpreter of its own.
+held to what a fresh interpreter would show. The redis:// runs start cold in the main lane
+(and in any run outside scripts/test), so every example also runs once in an interpreter of
+its own, where a missing import cannot hide behind a module the warm interpreter preloaded
+(``arl.asgi`` without ``import aioratelimit.asgi``); the other lanes (another Python, or
+uvloop: ``AIORATELIMIT_TEST_LANE``, set by scripts/test) fork them too, about 2 s less each.
 """
 
 from __future__ import annotations
@@ -93,11 +96,23 @@ def test_every_page_of_this_issue_has_examples() -> None:
     assert all("import aioratelimit as arl" in example.code for example in EXAMPLES)
 
 
+#: Whether the redis:// runs start cold: in the main lane, and outside scripts/test.
+COLD = os.environ.get("AIORATELIMIT_TEST_LANE", "main") == "main"
+#: The foreground's fork server for the redis:// runs of the other lanes (made on first use).
+FOREGROUND: list[forkrun.Runner] = []
+
+
 def run(example: Example, url: str, where: Path) -> subprocess.CompletedProcess[str]:
-    """Run ``example`` as a program in ``where``, with ``REDIS_URL=url``."""
+    """Run ``example`` as a program in ``where``, with ``REDIS_URL=url``: cold (``COLD``),
+    else in a fork of the foreground's warm interpreter."""
     program = where / example.module
     program.write_text(example.code, encoding="utf-8")
     env = {**os.environ, "REDIS_URL": url}
+    if not COLD:
+        if not FOREGROUND:
+            FOREGROUND.append(forkrun.Runner())
+            jobs.at_stop(FOREGROUND[0].close)
+        return FOREGROUND[0].run(program, cwd=where, env=env, timeout=60)
     return subprocess.run(
         [sys.executable, "-W", "error", str(program)],
         capture_output=True,
