@@ -69,11 +69,15 @@ if nrates == 1 and not partial then
   c1 = idiv(now, b1)
   pre = redis.call('HGETALL', key)
   local last, sum = -1, 0
-  for j = 1, #pre, 2 do
-    if pre[j] == 'c' then
-      last = tonumber(pre[j + 1])
+  -- Each value converted once and kept in place: past the shortcut, the ring by slot below
+  -- reads numbers (a denial costs the server what it did before the shortcut).
+  for j = 2, #pre, 2 do
+    local v = pre[j] + 0  -- arithmetic converts, without a call to tonumber (1.9 %)
+    pre[j] = v
+    if pre[j - 1] == 'c' then
+      last = v
     else
-      sum = sum + pre[j + 1]  -- arithmetic converts, without a call to tonumber (1.9 %)
+      sum = sum + v
     end
   end
   if last >= c1 then
