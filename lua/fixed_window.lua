@@ -6,7 +6,8 @@
 -- KEYS[i]  counter of rate i (string, integer value, expires at the end of its window)
 -- KEYS[n+1]  optional, after the n rates' counters: the key's block (string: its end in
 --            µs; expires then), for a limiter made with blockable=True
--- ARGV[1]  cost      hits this call consumes (integer >= 1, <= every limit)
+-- ARGV[1]  cost      hits this call consumes (integer >= 1, <= every limit; in decimal,
+--                    as Redis writes integers: one rate's count takes it as sent)
 -- ARGV[2]  mode      0 = peek (write nothing), 1 = hit (count when admitted), 2 = hit and
 --                    count a denied hit too; plus 4 = partial: admit as much of cost as
 --                    every rate allows (at least 1), the rest is not asked for
@@ -73,15 +74,18 @@ if nrates == 1 and not partial then
       if reset > window then
         reset = window
       end
-      local rem = limit - tonumber(count)
+      -- The count and ARGV[1] go as they came (arithmetic on a string converts it; a
+      -- string argument is passed as is): a tonumber call and a number formatted back
+      -- into a string fewer, 2-3 % of the server's instructions per hit (callgrind).
+      local rem = limit - count
       if cost > rem then
         if count_denied then
-          redis.call('INCRBY', key, cost)
+          redis.call('INCRBY', key, ARGV[1])
         end
         return {0, limit, rem, reset, reset, now, 0}
       end
       if commit then
-        redis.call('INCRBY', key, cost)
+        redis.call('INCRBY', key, ARGV[1])
       end
       return {1, limit, rem - cost, reset, 0, now, cost}
     end
@@ -92,7 +96,9 @@ if nrates == 1 and not partial then
     return {0, limit, limit, window, window, now, 0}
   end
   if commit then
-    redis.call('SET', key, cost, 'PXAT', math.ceil((now + window) / 1000))
+    -- '%d' writes the whole ms as Redis's own '%.17g' would, in less: 2.6 % of the
+    -- server's instructions per first hit (callgrind).
+    redis.call('SET', key, ARGV[1], 'PXAT', string.format('%d', math.ceil((now + window) / 1000)))
   end
   return {1, limit, limit - cost, window, 0, now, cost}
 end

@@ -12,7 +12,8 @@
 --          counts of bucket index mod (n+1); expires once its newest bucket leaves the window)
 -- KEYS[r+1]  optional, after the r rates' rings: the key's block (string: its end in µs;
 --            expires then), for a limiter made with blockable=True
--- ARGV[1]  cost      hits this call consumes (integer >= 1, <= every limit)
+-- ARGV[1]  cost      hits this call consumes (integer >= 1, <= every limit; in decimal,
+--                    as Redis writes integers: one rate's count takes it as sent)
 -- ARGV[2]  mode      0 = peek (write nothing), 1 = hit (count when admitted), 2 = hit and
 --                    count a denied hit too; plus 4 = partial: admit as much of cost as
 --                    every rate allows (at least 1), the rest is not asked for
@@ -55,14 +56,52 @@ local function idiv(a, b)
   return q
 end
 
+-- The common case, one rate, not partial, its newest bucket the current one (or ahead after
+-- a clock step back): every field of the ring then holds a bucket inside the window (a
+-- write leaves only buckets c - n .. c), so an admission needs only the sum of the values,
+-- without the per-rate tables, the ring by slot and the counts below; anything else (a
+-- denial, a bucket to open) goes on below with the ring already read. A third fewer
+-- server instructions per hit (callgrind) and 1.18-1.33x the calls/s at the server's limit.
+local pre, b1, c1
+if nrates == 1 and not partial then
+  local key = KEYS[1]
+  b1 = idiv(tonumber(ARGV[5]) + n - 1, n)
+  c1 = idiv(now, b1)
+  pre = redis.call('HGETALL', key)
+  local last, sum = -1, 0
+  -- Each value converted once and kept in place: past the shortcut, the ring by slot below
+  -- reads numbers (a denial costs the server 2 % more than before the shortcut, callgrind).
+  for j = 2, #pre, 2 do
+    local v = pre[j] + 0  -- arithmetic converts, without a call to tonumber (1.9 %)
+    pre[j] = v
+    if pre[j - 1] == 'c' then
+      last = v
+    else
+      sum = sum + v
+    end
+  end
+  if last >= c1 then
+    local limit = tonumber(ARGV[4])
+    local rem = limit - sum
+    if cost <= rem then
+      if commit then
+        -- ARGV[1] as sent: a number would be formatted back into a string (2.6 %).
+        redis.call('HINCRBY', key, last - idiv(last, slots) * slots, ARGV[1])
+      end
+      return {1, limit, rem - cost, (last + n + 1) * b1 - now, 0, now, cost}
+    end
+  end
+end
+
 local size, current, newest, ring, total = {}, {}, {}, {}, {}
 
 for i = 1, nrates do
-  local b = idiv(tonumber(ARGV[3 + 2 * i]) + n - 1, n)
-  local c = idiv(now, b)
+  -- (One rate past the shortcut above: its ring, bucket size and bucket as it read them.)
+  local b = b1 or idiv(tonumber(ARGV[3 + 2 * i]) + n - 1, n)
+  local c = c1 or idiv(now, b)
   -- The ring by slot number: one tonumber per field read, where a tostring per slot
   -- looked up cost a third of the script (Lua 5.1 formats numbers through sprintf).
-  local raw = redis.call('HGETALL', KEYS[i])
+  local raw = pre or redis.call('HGETALL', KEYS[i])
   local h, last = {}, -1
   for j = 1, #raw, 2 do
     local field = raw[j]

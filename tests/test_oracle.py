@@ -1123,3 +1123,81 @@ def test_a_booking_fits_exactly_within_its_max_wait() -> None:
             client.close()
             loop.run_until_complete(store.aclose())
             loop.close()
+
+
+def test_a_sliding_window_opens_the_next_bucket_though_its_ring_has_room() -> None:
+    """One rate: a hit in the bucket right after the newest one opens it (the script's
+    shortcut for a ring whose newest bucket is the current one must not take it), hits in
+    the current bucket, after a step back of the clock across the edge, a peek, a counted
+    denial and a plain one answer alike, keys included, on the Lua and on the twin (the
+    random histories never land on the first with room in the ring)."""
+    clock = Clock()
+    loop = asyncio.new_event_loop()
+    store = MemoryStore(clock=clock)
+    n, rate = 3, R4  # 5 per 10 000 µs in buckets of 3 334 µs
+    keys = sliding_keys("u", n, (rate,))
+    b = -(-rate[1] // n)
+    with frozen(clock):
+        client = fake_redis()
+        script = SCRIPTS["sliding_window"]
+
+        def both(cost: int, mode: int) -> list[int]:
+            args = (cost, mode, n, *rate_args((rate,)))
+            lua = client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+            twin = loop.run_until_complete(store.run(script, keys, args))
+            where = f"{args} at {clock.now_us - T0} µs"
+            assert normal(twin) == normal(lua), (where, twin, lua)
+            (state,) = lua_states(client, keys)
+            assert twin_state(store.keyspace, keys[0], clock.now_us) == state, (where, state)
+            return list(normal(lua))
+
+        try:
+            clock.now_us = (T0 // b + 1) * b + 10  # just inside a bucket
+            assert both(1, 1)[:3] == [1, 5, 4]  # a new ring
+            clock.now_us += b  # the next bucket: the newest is the one before
+            assert both(1, 1)[:3] == [1, 5, 3]
+            newest = clock.now_us
+            clock.now_us += 2
+            assert both(1, 1)[:3] == [1, 5, 2]  # the current bucket
+            clock.now_us = newest - 20  # back across the edge: counts into the newest
+            assert both(1, 1)[:3] == [1, 5, 1]
+            assert both(1, 0)[:3] == [1, 5, 0]  # a peek writes nothing
+            assert both(1, 2)[:3] == [1, 5, 0]  # counted, admitted
+            assert both(1, 2)[:3] == [0, 5, 0]  # counted though denied
+            assert both(1, 1)[:3] == [0, 5, -1]
+        finally:
+            client.close()
+            loop.run_until_complete(store.aclose())
+            loop.close()
+
+
+def test_a_hit_without_max_wait_one_microsecond_early_is_denied() -> None:
+    """A TokenBucket hit sent without max_wait_us, one µs before its token, is denied and
+    books nothing (max_wait_us defaults to 0), on the Lua and on the twin alike."""
+    clock = Clock()
+    loop = asyncio.new_event_loop()
+    store = MemoryStore(clock=clock)
+    keys = bucket_keys("u", R4, 1)
+    interval = interval_us(R4)
+    with frozen(clock):
+        client = fake_redis()
+        script = SCRIPTS["token_bucket"]
+
+        def both(args: tuple[Arg, ...]) -> Any:
+            lua = client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+            twin = loop.run_until_complete(store.run(script, keys, args))
+            assert normal(twin) == normal(lua), (args, twin, lua)
+            (state,) = lua_states(client, keys)
+            assert twin_state(store.keyspace, keys[0], clock.now_us) == state, (args, state)
+            return normal(lua)
+
+        try:
+            assert both((1, 1, 1, interval))[0] == 1  # the one token
+            clock.now_us += interval - 1
+            assert both((1, 1, 1, interval))[:5] == [0, 1, 0, 1, 1]
+            clock.now_us += 1
+            assert both((1, 1, 1, interval))[0] == 1
+        finally:
+            client.close()
+            loop.run_until_complete(store.aclose())
+            loop.close()

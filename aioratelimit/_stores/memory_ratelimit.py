@@ -146,6 +146,9 @@ def sliding_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: 
     newest: list[int] = []
     rings: list[list[int]] = []
     totals: list[int] = []
+    # (The Lua answers one rate whose newest bucket is current from the sum of its ring, a
+    # shortcut for the server's sake: the same answer as the loop below, which the oracle
+    # and its test of the bucket after the newest hold it to.)
     for i, key in enumerate(keys[:nrates]):
         b = (int(args[4 + 2 * i]) + n - 1) // n
         c = now // b
