@@ -14,6 +14,9 @@ Environment knobs:
     Repetitions (default 7). Fewer than 5 is a smoke run: the tables say so.
 ``SCALE``
     Multiplies every operation count (default 1.0; 0.01 for a smoke run).
+``LOOP``
+    The event loop of the scripts that run through ``run_main`` (bench_transport):
+    ``asyncio`` (default) or ``uvloop`` (what uvicorn runs a web app on when installed).
 
 Scripts print Markdown only on stdout (progress goes to stderr), write keys only under a
 prefix unique to the run (``bench_prefix``) and delete them before they exit.
@@ -30,7 +33,15 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from typing import Any
 
 #: One timed operation: ``op(i)`` performs operation number ``i``.
@@ -64,6 +75,20 @@ def _env_float(name: str, default: float) -> float:
 
 REPS = _env_int("REPS", 7)
 SCALE = _env_float("SCALE", 1.0)
+LOOP = os.environ.get("LOOP", "asyncio")
+if LOOP not in ("asyncio", "uvloop"):
+    raise SystemExit(f"LOOP must be asyncio or uvloop, got {LOOP!r}")
+
+
+def run_main(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """``main()`` on the event loop ``LOOP`` names."""
+    if LOOP == "uvloop":
+        import uvloop
+
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
+
 
 perf = time.perf_counter
 

@@ -35,7 +35,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 import warnings
 from collections.abc import Awaitable, Callable, Sequence
@@ -60,6 +59,7 @@ from _common import (
     progress,
     ratio,
     redis_url,
+    run_main,
     scaled,
     with_spread,
 )
@@ -411,4 +411,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    run_main(main)
