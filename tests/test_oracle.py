@@ -302,6 +302,33 @@ def twin_state(ks: Keyspace, key: str, now: int) -> State:
     return b"string", bulk(value), pttl
 
 
+def side_by_side(
+    client: fakeredis.FakeRedis,
+    loop: asyncio.AbstractEventLoop,
+    store: MemoryStore,
+    script: Script,
+    keys: Sequence[str],
+    clock: Clock,
+    *,
+    states: bool = True,
+) -> Callable[[tuple[Arg, ...]], list[Any]]:
+    """A call of ``script`` with given arguments on the Lua (``client``) and on its twin
+    (``store``) at once: the two replies must be equal, and with ``states`` the first key's
+    state too; the reply, normalised."""
+
+    def both(args: tuple[Arg, ...]) -> list[Any]:
+        lua = client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+        twin = loop.run_until_complete(store.run(script, keys, args))
+        where = f"{args} at {clock.now_us - T0} µs"
+        assert normal(twin) == normal(lua), (where, twin, lua)
+        if states:
+            (state, *_) = lua_states(client, keys[:1])
+            assert twin_state(store.keyspace, keys[0], clock.now_us) == state, (where, state)
+        return list(normal(lua))
+
+    return both
+
+
 # -- the calls -----------------------------------------------------------------------------
 
 
@@ -1096,11 +1123,7 @@ def test_a_booking_fits_exactly_within_its_max_wait() -> None:
         client = fake_redis()
         script = SCRIPTS["token_bucket"]
 
-        def both(args: tuple[Arg, ...]) -> Any:
-            lua = client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
-            twin = loop.run_until_complete(store.run(script, keys, args))
-            assert normal(twin) == normal(lua), (args, twin, lua)
-            return normal(lua)
+        both = side_by_side(client, loop, store, script, keys, clock, states=False)
 
         try:
             assert both((1, 1, 1, interval))[0] == 1  # the one token
@@ -1141,15 +1164,10 @@ def test_a_sliding_window_opens_the_next_bucket_though_its_ring_has_room() -> No
         client = fake_redis()
         script = SCRIPTS["sliding_window"]
 
-        def both(cost: int, mode: int) -> list[int]:
-            args = (cost, mode, n, *rate_args((rate,)))
-            lua = client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
-            twin = loop.run_until_complete(store.run(script, keys, args))
-            where = f"{args} at {clock.now_us - T0} µs"
-            assert normal(twin) == normal(lua), (where, twin, lua)
-            (state,) = lua_states(client, keys)
-            assert twin_state(store.keyspace, keys[0], clock.now_us) == state, (where, state)
-            return list(normal(lua))
+        call = side_by_side(client, loop, store, script, keys, clock)
+
+        def both(cost: int, mode: int) -> list[Any]:
+            return call((cost, mode, n, *rate_args((rate,))))
 
         try:
             clock.now_us = (T0 // b + 1) * b + 10  # just inside a bucket
@@ -1183,13 +1201,7 @@ def test_a_hit_without_max_wait_one_microsecond_early_is_denied() -> None:
         client = fake_redis()
         script = SCRIPTS["token_bucket"]
 
-        def both(args: tuple[Arg, ...]) -> Any:
-            lua = client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
-            twin = loop.run_until_complete(store.run(script, keys, args))
-            assert normal(twin) == normal(lua), (args, twin, lua)
-            (state,) = lua_states(client, keys)
-            assert twin_state(store.keyspace, keys[0], clock.now_us) == state, (args, state)
-            return normal(lua)
+        both = side_by_side(client, loop, store, script, keys, clock)
 
         try:
             assert both((1, 1, 1, interval))[0] == 1  # the one token
