@@ -1,7 +1,10 @@
 """Every ``benchmarks/bench_*.py`` still runs: a tiny smoke run of each against the suite's server.
 
 No timing is asserted: a smoke run (REPS=2, SCALE=0.01) only proves the script works end to
-end, prints its Markdown tables and cleans up its keys.
+end, prints its Markdown tables and cleans up its keys. The smoke runs are the main lane's
+(and any run outside scripts/test): the other lanes of scripts/test (another Python, or
+uvloop; ``AIORATELIMIT_TEST_LANE``) skip them, about 80 s each of what the library's own tests
+already cover there.
 """
 
 from __future__ import annotations
@@ -24,6 +27,12 @@ TABLE_RULE = re.compile(r"^\|(-+\|)+$", re.MULTILINE)
 def bench_keys(client: redis.Redis) -> set[bytes]:
     return set(client.scan_iter(match="arlb:*", count=1000))
 
+
+#: The smoke runs' lane: scripts/test names each lane; a run outside it is the main one.
+SMOKE = pytest.mark.skipif(
+    os.environ.get("AIORATELIMIT_TEST_LANE", "main") != "main",
+    reason="the benchmarks' smoke runs are the main lane's",
+)
 
 #: bench_cluster also measures a cluster, so its smoke run needs one (below).
 STANDALONE = [s for s in SCRIPTS if s.stem != "bench_cluster"]
@@ -51,6 +60,7 @@ def smoke_run(script: Path, sync_redis: redis.Redis, **urls: str) -> str:
 
 
 @pytest.mark.slow
+@SMOKE
 @pytest.mark.parametrize("script", STANDALONE, ids=[s.stem for s in STANDALONE])
 def test_benchmark_smoke_run(script: Path, redis_url: str, sync_redis: redis.Redis) -> None:
     """The script exits 0, prints Markdown tables, and leaves no key of its own behind."""
@@ -69,6 +79,7 @@ def test_benchmark_smoke_run(script: Path, redis_url: str, sync_redis: redis.Red
 
 
 @pytest.mark.slow
+@SMOKE
 def test_cluster_benchmark_smoke_run(
     redis_url: str, cluster_url: str, sync_redis: redis.Redis
 ) -> None:
@@ -78,6 +89,7 @@ def test_cluster_benchmark_smoke_run(
 
 
 @pytest.mark.slow
+@SMOKE
 def test_profile_hit_smoke_run(redis_url: str, sync_redis: redis.Redis) -> None:
     """benchmarks/profile_hit.py (the client's CPU per decision) runs tiny, cProfile on,
     prints its one line and the profile, and deletes the keys it wrote."""
