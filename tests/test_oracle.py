@@ -38,6 +38,7 @@ with no patch at all.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import re
 from collections import Counter
@@ -302,31 +303,42 @@ def twin_state(ks: Keyspace, key: str, now: int) -> State:
     return b"string", bulk(value), pttl
 
 
-def side_by_side(
-    client: fakeredis.FakeRedis,
-    loop: asyncio.AbstractEventLoop,
-    store: MemoryStore,
-    script: Script,
-    keys: Sequence[str],
-    clock: Clock,
-    *,
-    states: bool = True,
-) -> Callable[[tuple[Arg, ...]], list[Any]]:
-    """A call of ``script`` with given arguments on the Lua (``client``) and on its twin
-    (``store``) at once: the two replies must be equal, and with ``states`` the first key's
-    state too; the reply, normalised."""
+class Pair:
+    """The Lua on fakeredis (``client``) and its twins on a ``MemoryStore``, on one frozen
+    ``clock``, for the tests that call single scripts at chosen instants."""
 
-    def both(args: tuple[Arg, ...]) -> list[Any]:
-        lua = client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
-        twin = loop.run_until_complete(store.run(script, keys, args))
-        where = f"{args} at {clock.now_us - T0} µs"
+    def __init__(self, clock: Clock, client: fakeredis.FakeRedis) -> None:
+        self.clock, self.client = clock, client
+        self.loop = asyncio.new_event_loop()
+        self.store = MemoryStore(clock=clock)
+
+    def run(
+        self, script: Script, keys: Sequence[str], args: tuple[Arg, ...], *, states: bool = True
+    ) -> list[Any]:
+        """``script`` on both sides: the replies must be equal, and with ``states`` the first
+        key's state too; the reply, normalised."""
+        lua = self.client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+        twin = self.loop.run_until_complete(self.store.run(script, keys, args))
+        where = f"{args} at {self.clock.now_us - T0} µs"
         assert normal(twin) == normal(lua), (where, twin, lua)
         if states:
-            (state, *_) = lua_states(client, keys[:1])
-            assert twin_state(store.keyspace, keys[0], clock.now_us) == state, (where, state)
+            (state, *_) = lua_states(self.client, keys[:1])
+            assert twin_state(self.store.keyspace, keys[0], self.clock.now_us) == state, where
         return list(normal(lua))
 
-    return both
+
+@contextmanager
+def side_by_side() -> Iterator[Pair]:
+    """A ``Pair`` on a frozen clock of its own, closed at the end."""
+    clock = Clock()
+    with frozen(clock):
+        pair = Pair(clock, fake_redis())
+        try:
+            yield pair
+        finally:
+            pair.client.close()
+            pair.loop.run_until_complete(pair.store.aclose())
+            pair.loop.close()
 
 
 # -- the calls -----------------------------------------------------------------------------
@@ -1114,38 +1126,24 @@ def test_a_booking_fits_exactly_within_its_max_wait() -> None:
     """A TokenBucket booking whose slot is exactly max_wait_us away is booked, one a
     microsecond further is denied, and a block ends on its microsecond, on the Lua and on
     the twin alike (instants the random histories seldom land on)."""
-    clock = Clock()
-    loop = asyncio.new_event_loop()
-    store = MemoryStore(clock=clock)
     keys = bucket_keys("u", R4, 1, blockable=True)  # burst 1: one token per 2 000 µs
     interval = interval_us(R4)
-    with frozen(clock):
-        client = fake_redis()
-        script = SCRIPTS["token_bucket"]
-
-        both = side_by_side(client, loop, store, script, keys, clock, states=False)
-
-        try:
-            assert both((1, 1, 1, interval))[0] == 1  # the one token
-            clock.now_us += 500
-            retry = interval - 500
-            assert both((1, 1, 1, interval, retry - 1))[:1] == [0]
-            booked = both((1, 1, 1, interval, retry))
-            assert booked[0] == 1
-            assert booked[4] == retry
-            # A block ends on its microsecond: denied one before, decided as usual at it.
-            block = SCRIPTS["limiter_block"]
-            lua = client.execute_command("EVALSHA", block.sha, 1, keys[1], 777)  # type: ignore[no-untyped-call]
-            twin = loop.run_until_complete(store.run(block, keys[1:], (777,)))
-            assert normal(twin) == normal(lua)
-            clock.now_us += 776
-            assert both((1, 0, 1, interval))[:5] == [0, 1, 0, 1, 1]
-            clock.now_us += 1
-            assert both((1, 0, 1, interval))[4] != 1
-        finally:
-            client.close()
-            loop.run_until_complete(store.aclose())
-            loop.close()
+    with side_by_side() as pair:
+        clock = pair.clock
+        both = functools.partial(pair.run, SCRIPTS["token_bucket"], keys, states=False)
+        assert both((1, 1, 1, interval))[0] == 1  # the one token
+        clock.now_us += 500
+        retry = interval - 500
+        assert both((1, 1, 1, interval, retry - 1))[:1] == [0]
+        booked = both((1, 1, 1, interval, retry))
+        assert booked[0] == 1
+        assert booked[4] == retry
+        # A block ends on its microsecond: denied one before, decided as usual at it.
+        pair.run(SCRIPTS["limiter_block"], keys[1:], (777,), states=False)
+        clock.now_us += 776
+        assert both((1, 0, 1, interval))[:5] == [0, 1, 0, 1, 1]
+        clock.now_us += 1
+        assert both((1, 0, 1, interval))[4] != 1
 
 
 def test_a_sliding_window_opens_the_next_bucket_though_its_ring_has_room() -> None:
@@ -1154,62 +1152,39 @@ def test_a_sliding_window_opens_the_next_bucket_though_its_ring_has_room() -> No
     the current bucket, after a step back of the clock across the edge, a peek, a counted
     denial and a plain one answer alike, keys included, on the Lua and on the twin (the
     random histories never land on the first with room in the ring)."""
-    clock = Clock()
-    loop = asyncio.new_event_loop()
-    store = MemoryStore(clock=clock)
     n, rate = 3, R4  # 5 per 10 000 µs in buckets of 3 334 µs
     keys = sliding_keys("u", n, (rate,))
     b = -(-rate[1] // n)
-    with frozen(clock):
-        client = fake_redis()
-        script = SCRIPTS["sliding_window"]
-
-        call = side_by_side(client, loop, store, script, keys, clock)
+    with side_by_side() as pair:
+        clock = pair.clock
 
         def both(cost: int, mode: int) -> list[Any]:
-            return call((cost, mode, n, *rate_args((rate,))))
+            return pair.run(SCRIPTS["sliding_window"], keys, (cost, mode, n, *rate_args((rate,))))
 
-        try:
-            clock.now_us = (T0 // b + 1) * b + 10  # just inside a bucket
-            assert both(1, 1)[:3] == [1, 5, 4]  # a new ring
-            clock.now_us += b  # the next bucket: the newest is the one before
-            assert both(1, 1)[:3] == [1, 5, 3]
-            newest = clock.now_us
-            clock.now_us += 2
-            assert both(1, 1)[:3] == [1, 5, 2]  # the current bucket
-            clock.now_us = newest - 20  # back across the edge: counts into the newest
-            assert both(1, 1)[:3] == [1, 5, 1]
-            assert both(1, 0)[:3] == [1, 5, 0]  # a peek writes nothing
-            assert both(1, 2)[:3] == [1, 5, 0]  # counted, admitted
-            assert both(1, 2)[:3] == [0, 5, 0]  # counted though denied
-            assert both(1, 1)[:3] == [0, 5, -1]
-        finally:
-            client.close()
-            loop.run_until_complete(store.aclose())
-            loop.close()
+        clock.now_us = (T0 // b + 1) * b + 10  # just inside a bucket
+        assert both(1, 1)[:3] == [1, 5, 4]  # a new ring
+        clock.now_us += b  # the next bucket: the newest is the one before
+        assert both(1, 1)[:3] == [1, 5, 3]
+        newest = clock.now_us
+        clock.now_us += 2
+        assert both(1, 1)[:3] == [1, 5, 2]  # the current bucket
+        clock.now_us = newest - 20  # back across the edge: counts into the newest
+        assert both(1, 1)[:3] == [1, 5, 1]
+        assert both(1, 0)[:3] == [1, 5, 0]  # a peek writes nothing
+        assert both(1, 2)[:3] == [1, 5, 0]  # counted, admitted
+        assert both(1, 2)[:3] == [0, 5, 0]  # counted though denied
+        assert both(1, 1)[:3] == [0, 5, -1]
 
 
 def test_a_hit_without_max_wait_one_microsecond_early_is_denied() -> None:
     """A TokenBucket hit sent without max_wait_us, one µs before its token, is denied and
     books nothing (max_wait_us defaults to 0), on the Lua and on the twin alike."""
-    clock = Clock()
-    loop = asyncio.new_event_loop()
-    store = MemoryStore(clock=clock)
     keys = bucket_keys("u", R4, 1)
     interval = interval_us(R4)
-    with frozen(clock):
-        client = fake_redis()
-        script = SCRIPTS["token_bucket"]
-
-        both = side_by_side(client, loop, store, script, keys, clock)
-
-        try:
-            assert both((1, 1, 1, interval))[0] == 1  # the one token
-            clock.now_us += interval - 1
-            assert both((1, 1, 1, interval))[:5] == [0, 1, 0, 1, 1]
-            clock.now_us += 1
-            assert both((1, 1, 1, interval))[0] == 1
-        finally:
-            client.close()
-            loop.run_until_complete(store.aclose())
-            loop.close()
+    with side_by_side() as pair:
+        both = functools.partial(pair.run, SCRIPTS["token_bucket"], keys)
+        assert both((1, 1, 1, interval))[0] == 1  # the one token
+        pair.clock.now_us += interval - 1
+        assert both((1, 1, 1, interval))[:5] == [0, 1, 0, 1, 1]
+        pair.clock.now_us += 1
+        assert both((1, 1, 1, interval))[0] == 1
