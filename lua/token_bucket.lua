@@ -37,7 +37,13 @@ if block and tonumber(block) > now then
   return {0, burst, 0, wait, wait, now, 0}
 end
 
-local fmt = string.format
+-- The TAT and its expiry, whole numbers below 2^53, written out exactly, digit for digit: by
+-- '%d', as Redis's own '%.17g' would for a number argument, in less (4 % of the server's
+-- instructions per admitted hit, callgrind).
+local function store(tat)
+  redis.call('SET', KEYS[1], string.format('%d', tat), 'PXAT',
+    string.format('%d', math.ceil(tat / 1000)))
+end
 
 -- floor(a / b) for non-negative integers, exact even where a / b rounds up to an integer.
 local function idiv(a, b)
@@ -65,7 +71,7 @@ if new_tat - now > capacity then
   -- max_wait_us read only here: the admitted path converts one string fewer.
   if mode == 1 and retry <= tonumber(ARGV[5] or '0') then
     -- Reserved: booked now, admitted at now + retry, when the bucket is empty again.
-    redis.call('SET', KEYS[1], fmt('%d', new_tat), 'PXAT', fmt('%d', math.ceil(new_tat / 1000)))
+    store(new_tat)
     return {1, burst, 0, capacity, retry, now, cost}
   end
   if mode == 2 then
@@ -73,16 +79,13 @@ if new_tat - now > capacity then
     local pushed = new_tat
     if pushed > now + 2 * capacity then pushed = now + 2 * capacity end
     if pushed > tat then
-      redis.call('SET', KEYS[1], fmt('%d', pushed), 'PXAT', fmt('%d', math.ceil(pushed / 1000)))
+      store(pushed)
     end
   end
   return {0, burst, idiv(capacity - (tat - now), interval), tat - now, retry, now, 0}
 end
 
 if mode >= 1 then
-  -- Whole numbers below 2^53, written out exactly, digit for digit: by '%d' as Redis's own
-  -- '%.17g' would (for a number argument), in less: 4 % of the server's instructions per
-  -- admitted hit (callgrind).
-  redis.call('SET', KEYS[1], fmt('%d', new_tat), 'PXAT', fmt('%d', math.ceil(new_tat / 1000)))
+  store(new_tat)
 end
 return {1, burst, idiv(capacity - (new_tat - now), interval), new_tat - now, 0, now, cost}
