@@ -21,11 +21,13 @@ it started, SIGALRM kills it.
 
 One request at a time per server (a line of JSON in, a line of JSON out); run one Runner
 per thread for parallel runs. ``runner()`` makes one whose server starts at once: made while
-pytest collects, it imports what it preloads on the core collection leaves idle.
+pytest collects, it imports what it preloads on the core collection leaves idle;
+``foreground()`` is the one the tests in the foreground share.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -127,6 +129,18 @@ def runner() -> Runner:
     made = Runner()
     if "PYTEST_XDIST_WORKER" not in os.environ:
         made.start()
+    return made
+
+
+@functools.cache
+def foreground() -> Runner:
+    """The session's one Runner for the tests in the foreground (they run one at a time:
+    the CLI commands, the forkrun tests, the docs examples outside the main lane), made by
+    ``runner`` on the first call and closed when the session ends (tests/jobs.py)."""
+    import jobs  # (a test helper: the server side of this file never needs it)
+
+    made = runner()
+    jobs.at_stop(made.close)
     return made
 
 

@@ -32,10 +32,8 @@ from aioratelimit._scripts import MIN_CLUSTER_VERSION, MIN_REDIS_VERSION
 
 #: The installed console script (``[project.scripts]``), beside this interpreter.
 SCRIPT = str(Path(sys.executable).with_name("aioratelimit"))
-#: The fork server of ``cli`` (one command at a time; it starts while pytest collects),
-#: stopped when the session ends.
-RUNNER = forkrun.runner()
-jobs.at_stop(RUNNER.close)
+#: The fork server of ``cli`` (the foreground's; it starts while pytest collects).
+RUNNER = forkrun.foreground()
 #: Every deployment a command that reads a server's state runs on.
 DEPLOYMENTS = ["redis", "cluster", "sentinel"]
 T = TypeVar("T")

@@ -98,8 +98,6 @@ def test_every_page_of_this_issue_has_examples() -> None:
 
 #: Whether the redis:// runs start cold: in the main lane, and outside scripts/test.
 COLD = os.environ.get("AIORATELIMIT_TEST_LANE", "main") == "main"
-#: The foreground's fork server for the redis:// runs of the other lanes (made on first use).
-FOREGROUND: list[forkrun.Runner] = []
 
 
 def run(example: Example, url: str, where: Path) -> subprocess.CompletedProcess[str]:
@@ -109,10 +107,7 @@ def run(example: Example, url: str, where: Path) -> subprocess.CompletedProcess[
     program.write_text(example.code, encoding="utf-8")
     env = {**os.environ, "REDIS_URL": url}
     if not COLD:
-        if not FOREGROUND:
-            FOREGROUND.append(forkrun.Runner())
-            jobs.at_stop(FOREGROUND[0].close)
-        return FOREGROUND[0].run(program, cwd=where, env=env, timeout=60)
+        return forkrun.foreground().run(program, cwd=where, env=env, timeout=60)
     return subprocess.run(
         [sys.executable, "-W", "error", str(program)],
         capture_output=True,

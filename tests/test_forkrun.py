@@ -6,12 +6,10 @@ import os
 from pathlib import Path
 
 import forkrun
-import jobs
 import pytest
 
-#: Started while pytest collects (forkrun.runner), stopped when the session ends.
-RUNNER = forkrun.runner()
-jobs.at_stop(RUNNER.close)
+#: The foreground's fork server (started while pytest collects, stopped at the end).
+RUNNER = forkrun.foreground()
 
 
 @pytest.fixture
