@@ -4,6 +4,10 @@ conftest.py hands the choice to pytest-asyncio for the async tests; the loops th
 themselves (an application run twice, a worker process, a server thread, a state machine)
 come from ``run`` and ``new_loop`` here, so they follow the same choice. Unset, both are
 exactly ``asyncio.run`` and ``asyncio.new_event_loop``.
+
+Also the lane of scripts/test the run belongs to (``AIORATELIMIT_TEST_LANE``, set by it):
+``MAIN_LANE`` is what the checks that run once, in the main lane, read (the docs examples'
+cold starts, the benchmarks' smoke runs); a run outside scripts/test counts as the main lane.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ T = TypeVar("T")
 #: "asyncio" (the default) or "uvloop".
 NAME = os.environ.get("AIORATELIMIT_TEST_LOOP") or "asyncio"
 NAMES = ("asyncio", "uvloop")
+#: Whether this is scripts/test's main lane (or a run of pytest outside it).
+MAIN_LANE = os.environ.get("AIORATELIMIT_TEST_LANE", "main") == "main"
 
 
 def _factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import loops
 import pytest
 import redis
 
@@ -28,10 +29,9 @@ def bench_keys(client: redis.Redis) -> set[bytes]:
     return set(client.scan_iter(match="arlb:*", count=1000))
 
 
-#: The smoke runs' lane: scripts/test names each lane; a run outside it is the main one.
+#: The smoke runs are the main lane's (tests/loops.py).
 SMOKE = pytest.mark.skipif(
-    os.environ.get("AIORATELIMIT_TEST_LANE", "main") != "main",
-    reason="the benchmarks' smoke runs are the main lane's",
+    not loops.MAIN_LANE, reason="the benchmarks' smoke runs are the main lane's"
 )
 
 #: bench_cluster also measures a cluster, so its smoke run needs one (below).

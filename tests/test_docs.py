@@ -33,6 +33,7 @@ from pathlib import Path
 
 import forkrun
 import jobs
+import loops
 import pytest
 import typecheck
 from servers import RedisServer
@@ -96,17 +97,13 @@ def test_every_page_of_this_issue_has_examples() -> None:
     assert all("import aioratelimit as arl" in example.code for example in EXAMPLES)
 
 
-#: Whether the redis:// runs start cold: in the main lane, and outside scripts/test.
-COLD = os.environ.get("AIORATELIMIT_TEST_LANE", "main") == "main"
-
-
 def run(example: Example, url: str, where: Path) -> subprocess.CompletedProcess[str]:
-    """Run ``example`` as a program in ``where``, with ``REDIS_URL=url``: cold (``COLD``),
-    else in a fork of the foreground's warm interpreter."""
+    """Run ``example`` as a program in ``where``, with ``REDIS_URL=url``: cold in the main
+    lane, else in a fork of the foreground's warm interpreter."""
     program = where / example.module
     program.write_text(example.code, encoding="utf-8")
     env = {**os.environ, "REDIS_URL": url}
-    if not COLD:
+    if not loops.MAIN_LANE:
         return forkrun.foreground().run(program, cwd=where, env=env, timeout=60)
     return subprocess.run(
         [sys.executable, "-W", "error", str(program)],
