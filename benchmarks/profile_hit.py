@@ -4,7 +4,10 @@ Run against a server of your own (it writes keys under a prefix unique to the ru
 deletes them before it exits)::
 
     REDIS_URL=redis://127.0.0.1:6398/0 .venv/bin/python benchmarks/profile_hit.py \
-        --tasks 64 --decisions 40000 [--limiter fw|sw|tb] [--loop uvloop] [--profile 30]
+        --tasks 64 --decisions 40000 [--limiter fw|sw|tb] [--profile 30]
+
+(``LOOP=uvloop`` in front runs it on uvloop, as the other benchmarks; ``--url`` may name the
+server instead of ``REDIS_URL``.)
 
 It prints one line per run: the process's CPU per decision (``time.process_time``: user
 and system, the event loop and the kernel's share of the socket calls included) and
@@ -18,16 +21,15 @@ speed drifts within a minute, so only interleaved figures compare.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import cProfile
 import os
 import pstats
 import sys
 import time
-import uuid
 from collections.abc import Callable
 
 import redis.asyncio as aredis
+from _common import bench_prefix, delete_prefix, fan_out, redis_url, run_main
 
 import aioratelimit as arl
 
@@ -38,19 +40,13 @@ LIMITERS: dict[str, Callable[[arl.Backend], arl.Limiter]] = {
 }
 
 
-async def crowd(limiter: arl.Limiter, prefix: str, tasks: int, decisions: int) -> None:
+async def crowd(limiter: arl.Limiter, tag: str, tasks: int, decisions: int) -> None:
     """``decisions`` hits in all from ``tasks`` tasks, on 1,000 user keys."""
-    per_task = decisions // tasks
-
-    async def worker(base: int) -> None:
-        for i in range(base, base + per_task):
-            await limiter.hit(f"{prefix}:{i % 1000}")
-
-    await asyncio.gather(*(worker(t * per_task) for t in range(tasks)))
+    await fan_out(lambda i: limiter.hit(f"{tag}:{i % 1000}"), tasks, decisions // tasks)(0)
 
 
 async def main(args: argparse.Namespace) -> None:
-    prefix = f"prof-{uuid.uuid4().hex[:8]}"
+    prefix = bench_prefix()
     backend = arl.Backend.from_url(args.url, prefix=prefix)
     limiter = LIMITERS[args.limiter](backend)
     try:
@@ -77,32 +73,22 @@ async def main(args: argparse.Namespace) -> None:
     finally:
         await backend.aclose()
         client = aredis.Redis.from_url(args.url)
-        keys = [key async for key in client.scan_iter(match=f"{prefix}:*", count=1000)]
-        for first in range(0, len(keys), 500):
-            await client.delete(*keys[first : first + 500])
+        await delete_prefix(client, prefix)
         await client.aclose()
 
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    # A benchmark never guesses a server: REDIS_URL or --url.
-    parser.add_argument("--url", default=os.environ.get("REDIS_URL"))
+    parser.add_argument("--url")
     parser.add_argument("--tasks", type=int, default=64)
     parser.add_argument("--decisions", type=int, default=40_000)
     parser.add_argument("--limiter", choices=sorted(LIMITERS), default="fw")
-    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     parser.add_argument("--profile", type=int, default=0, metavar="N")
     args = parser.parse_args()
-    if not args.url:
-        parser.error("name the server: REDIS_URL=redis://host:port/0 or --url")
+    args.url = args.url or redis_url()  # (a benchmark never guesses a server)
     return args
 
 
 if __name__ == "__main__":
     arguments = parse()
-    if arguments.loop == "uvloop":
-        import uvloop
-
-        uvloop.run(main(arguments))
-    else:
-        asyncio.run(main(arguments))
+    run_main(lambda: main(arguments))
