@@ -122,6 +122,37 @@ def bench_prefix() -> str:
     return f"arlb:{uuid.uuid4().hex[:8]}"
 
 
+def cluster_hosts(url: str) -> list[tuple[str, int]]:
+    """The (host, port) seeds a ``redis+cluster://`` URL names."""
+    from aioratelimit._urls import parse_hosts
+
+    return parse_hosts(url.partition("://")[2].partition("/")[0], 6379)[0]
+
+
+def raw_cluster(url: str, **options: Any) -> Any:
+    """A ``redis.asyncio.RedisCluster`` on the seeds of a ``redis+cluster://`` URL."""
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+    return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in cluster_hosts(url)], **options)
+
+
+def delete_cluster_prefix(url: str, prefix: str) -> int:
+    """UNLINK every key under ``prefix`` on every master (SCAN per node, never KEYS)."""
+    import redis
+
+    nodes = [redis.cluster.ClusterNode(h, p) for h, p in cluster_hosts(url)]  # type: ignore[no-untyped-call]
+    deleted = 0
+    with redis.RedisCluster(startup_nodes=nodes) as client:
+        for node in client.get_primaries():
+            conn = client.get_redis_connection(node)
+            # One key per UNLINK: keys of different slots may not share a command.
+            with conn.pipeline(transaction=False) as pipe:
+                for key in conn.scan_iter(match=f"{prefix}*", count=1000):
+                    pipe.unlink(key)
+                deleted += sum(int(n) for n in pipe.execute())
+    return deleted
+
+
 async def delete_prefix(client: Any, prefix: str) -> int:
     """UNLINK every key under ``prefix`` (SCAN, never KEYS); returns how many."""
     deleted = 0

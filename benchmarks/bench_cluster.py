@@ -33,13 +33,13 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-import redis
 import redis.asyncio as aredis
 from _common import (
     REPS,
     Op,
     bench_prefix,
     column,
+    delete_cluster_prefix,
     delete_prefix,
     fan_out,
     interleave,
@@ -49,15 +49,14 @@ from _common import (
     print_table,
     progress,
     ratio,
+    raw_cluster,
     redis_url,
     scaled,
     with_spread,
 )
-from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 import aioratelimit as arl
 from aioratelimit._scripts import script
-from aioratelimit._urls import parse_hosts
 
 LIMIT = 100
 RATE = f"{LIMIT}/minute"
@@ -82,11 +81,6 @@ PUBLISH = "wake-up with PUBLISH (broadcast)"
 
 def cluster_url() -> str | None:
     return os.environ.get("REDIS_CLUSTER_URL") or None
-
-
-def raw_cluster(url: str, **options: Any) -> RedisCluster:
-    hosts = parse_hosts(url.partition("://")[2].partition("/")[0], 6379)[0]
-    return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in hosts], **options)
 
 
 class Ops:
@@ -173,22 +167,6 @@ async def reps(url: str, cluster: str | None, prefix: str) -> list[dict[str, flo
             await backend.aclose()
         if raw is not None:
             await raw.aclose()
-
-
-def delete_cluster_prefix(url: str, prefix: str) -> int:
-    """UNLINK every key under ``prefix`` on every master (SCAN per node, never KEYS)."""
-    hosts = parse_hosts(url.partition("://")[2].partition("/")[0], 6379)[0]
-    nodes = [redis.cluster.ClusterNode(h, p) for h, p in hosts]  # type: ignore[no-untyped-call]
-    deleted = 0
-    with redis.RedisCluster(startup_nodes=nodes) as client:
-        for node in client.get_primaries():
-            conn = client.get_redis_connection(node)
-            # One key per UNLINK: keys of different slots may not share a command.
-            with conn.pipeline(transaction=False) as pipe:
-                for key in conn.scan_iter(match=f"{prefix}*", count=1000):
-                    pipe.unlink(key)
-                deleted += sum(int(n) for n in pipe.execute())
-    return deleted
 
 
 BUS_N = scaled(2000, 50)  # publishes per command for the cluster-bus count

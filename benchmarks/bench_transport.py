@@ -16,7 +16,11 @@ What it measures, every condition in every repetition, interleaved:
   ``Backend.from_url``, sequential and with 1, 2, 4, 64, 256 and 1,024 tasks (FixedWindow;
   the other two at 64); a lock's acquire + release, sequential (against one raw EVALSHA)
   and 64 tasks on distinct names; ``consume_token`` at 64 tasks;
-- with ``REDIS_CLUSTER_URL`` set, FixedWindow at 64 tasks on that cluster too;
+- with ``REDIS_CLUSTER_URL`` set, the same on that cluster (a table of its own):
+  ``redis-benchmark --cluster -c 50 -P 1`` (its 50 connections spread over the masters,
+  each sending keys of its own master's slots), the raw floor through
+  ``redis.asyncio.RedisCluster`` (a connection per task per master), and ours on one
+  ``Backend.from_url`` of the cluster (one multiplexed connection per master);
 - the server's limit for each script: ``redis-benchmark -c 50 -P 16`` (pipelined: the C
   client costs next to nothing, so the server runs flat out) sending the exact command a
   hit of each limiter sends (captured on its way out, the user's key made random), and the
@@ -46,7 +50,9 @@ from _common import (
     FLOOR_LUA,
     REPS,
     bench_prefix,
+    cluster_hosts,
     column,
+    delete_cluster_prefix,
     delete_prefix,
     fan_out,
     fmt,
@@ -58,6 +64,7 @@ from _common import (
     print_table,
     progress,
     ratio,
+    raw_cluster,
     redis_url,
     run_main,
     scaled,
@@ -86,31 +93,41 @@ MARK = "bench-user-key"
 SUSTAINED = C_CLIENT_N
 LOW = (1, 2, 4)
 CROWDS = (64, 256, 1024)
+#: What names the cluster's figures (``REDIS_CLUSTER_URL``): "cluster FixedWindow|64".
+CLUSTER = "cluster "
 
 Op = Callable[[int], Awaitable[object]]
 
 
-def floor_command(sha: str, prefix: str) -> list[str]:
-    """The floor EVALSHA as redis-benchmark sends it, on a random key under ``prefix``."""
-    return ["EVALSHA", sha, "1", f"{prefix}:c:__rand_int__", "60000"]
+def floor_command(sha: str, prefix: str, cluster: bool = False) -> list[str]:
+    """The floor EVALSHA as redis-benchmark sends it, on a random key under ``prefix`` (on a
+    cluster with redis-benchmark's ``{tag}``, which it makes a hash tag of each node's)."""
+    return ["EVALSHA", sha, "1", f"{prefix}:{'{tag}:' if cluster else ''}c:__rand_int__", "60000"]
 
 
-def c_client(url: str, sha: str, prefix: str, connections: int) -> float | None:
-    """``redis-benchmark`` running the floor EVALSHA: requests per second (None without it)."""
-    return redis_benchmark(url, floor_command(sha, prefix), connections, 1, C_CLIENT_N)
+def c_client(cases: Cases, connections: int) -> float | None:
+    """``redis-benchmark`` running the floor EVALSHA on ``cases``' deployment: requests per
+    second (None without it)."""
+    command = floor_command(cases.sha, cases.prefix, cases.cluster)
+    return redis_benchmark(cases.url, command, connections, 1, C_CLIENT_N, cases.cluster)
 
 
 def redis_benchmark(
-    url: str, command: list[str], connections: int, pipeline: int, n: int
+    url: str, command: list[str], connections: int, pipeline: int, n: int, cluster: bool = False
 ) -> float | None:
     """``redis-benchmark`` sending ``command`` (``__rand_int__`` in it made random each
-    time): requests per second (None without redis-benchmark)."""
+    time; ``cluster``: to the masters of the cluster whose first seed ``url`` names):
+    requests per second (None without redis-benchmark)."""
     exe = shutil.which("redis-benchmark")
     if exe is None:
         return None
-    parts = urlsplit(url)
+    if cluster:
+        host, port = cluster_hosts(url)[0]
+    else:
+        parts = urlsplit(url)
+        host, port = parts.hostname or "127.0.0.1", parts.port or 6379
     argv = [
-        exe, "-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 6379),
+        exe, "-h", host, "-p", str(port), *(["--cluster"] if cluster else []),
         "-c", str(connections), "-n", str(n), "-P", str(pipeline), "-r", "100000", "-q",
         *command,
     ]  # fmt: skip
@@ -124,8 +141,12 @@ def redis_benchmark(
 class Cases:
     """Every operation the run times, by name."""
 
-    def __init__(self, raw: Any, sha: str, backend: arl.Backend, prefix: str) -> None:
+    def __init__(
+        self, raw: Any, sha: str, backend: arl.Backend, prefix: str, url: str, cluster: bool
+    ) -> None:
         self.raw, self.sha, self.backend, self.prefix = raw, sha, backend, prefix
+        #: the deployment: redis-benchmark's (a cluster's seeds, for ``--cluster``)
+        self.url, self.cluster = url, cluster
         self.limiters = {
             "FixedWindow": arl.FixedWindow(RATE, backend=backend),
             "SlidingWindow": arl.SlidingWindow(RATE, backend=backend),
@@ -203,48 +224,65 @@ async def rate(op: Op, tasks: int) -> tuple[float, float]:
     return n / (perf() - start), (time.process_time() - cpu) * 1e6 / n
 
 
-async def repetition(
-    cases: Cases, rep: int, url: str, cluster: Cases | None, commands: dict[str, list[str]]
-) -> dict[str, float]:
-    figures: dict[str, float] = {}
-    for connections in (1, 50):
-        rps = c_client(url, cases.sha, cases.prefix, connections)
-        if rps is not None:
-            figures[f"C -c {connections}"] = rps
-    for name, command in commands.items():
-        rps = redis_benchmark(url, command, 50, CEILING_PIPELINE, CEILING_N)
-        if rps is not None:
-            figures[f"limit|{name}"] = rps
+def crowds(cases: Cases, rep: int, on: str) -> list[tuple[str, Op, int]]:
+    """The conditions with tasks on ``cases``' deployment (names prefixed by ``on``)."""
+    return [
+        *((f"{on}raw|{n}", cases.floor(f"{on}c{rep}{n}"), n) for n in (*LOW, 64)),
+        *(
+            (f"{on}FixedWindow|{n}", cases.hit("FixedWindow", f"{on}c{rep}{n}"), n)
+            for n in (*LOW, *CROWDS)
+        ),
+        (f"{on}SlidingWindow|64", cases.hit("SlidingWindow", f"{on}c{rep}"), 64),
+        (f"{on}TokenBucket|64", cases.hit("TokenBucket", f"{on}c{rep}"), 64),
+        (f"{on}lock|64", cases.lock(f"{on}cl{rep}"), 64),
+        (f"{on}consume_token|64", cases.consume(), 64),
+    ]
+
+
+async def sequential(cases: Cases, rep: int, on: str) -> dict[str, float]:
+    """The sequential conditions on ``cases``' deployment, interleaved: calls per second."""
     seq = await interleave(
         {
-            "raw": cases.floor(f"s{rep}"),
-            **{name: cases.hit(name, f"s{rep}{name}") for name in cases.limiters},
-            "lock": cases.lock(f"sl{rep}"),
+            "raw": cases.floor(f"{on}s{rep}"),
+            **{name: cases.hit(name, f"{on}s{rep}{name}") for name in cases.limiters},
+            "lock": cases.lock(f"{on}sl{rep}"),
         },
         SEQ_N,
         100,
         rotate=rep,
     )
-    figures.update({f"{name}|seq": 1 / s for name, s in seq.items()})
+    return {f"{on}{name}|seq": 1 / s for name, s in seq.items()}
+
+
+async def repetition(
+    cases: Cases, rep: int, cluster: Cases | None, commands: dict[str, list[str]]
+) -> dict[str, float]:
+    figures: dict[str, float] = {}
+    for connections in (1, 50):
+        rps = c_client(cases, connections)
+        if rps is not None:
+            figures[f"C -c {connections}"] = rps
+    for name, command in commands.items():
+        rps = redis_benchmark(cases.url, command, 50, CEILING_PIPELINE, CEILING_N)
+        if rps is not None:
+            figures[f"limit|{name}"] = rps
+    deployments = [(cases, "")] + ([(cluster, CLUSTER)] if cluster is not None else [])
+    conditions: list[tuple[Cases, str, Op, int]] = []
+    for where, on in deployments:
+        if on:
+            rps = c_client(where, 50)
+            if rps is not None:
+                figures[f"{on}C -c 50"] = rps
+        figures.update(await sequential(where, rep, on))
+        conditions += [(where, *crowd) for crowd in crowds(where, rep, on)]
+        where.tokens.clear()
+        await fan_out(where.issue, 64, math.prod(shape(64)))(0)
     # The crowds, each condition in turn, in a rotating order.
-    crowds: list[tuple[str, Op, int]] = [
-        *((f"raw|{n}", cases.floor(f"c{rep}{n}"), n) for n in (*LOW, 64)),
-        *((f"FixedWindow|{n}", cases.hit("FixedWindow", f"c{rep}{n}"), n) for n in (*LOW, *CROWDS)),
-        ("SlidingWindow|64", cases.hit("SlidingWindow", f"c{rep}"), 64),
-        ("TokenBucket|64", cases.hit("TokenBucket", f"c{rep}"), 64),
-        ("lock|64", cases.lock(f"cl{rep}"), 64),
-        ("consume_token|64", cases.consume(), 64),
-    ]
-    if cluster is not None:
-        crowds.append(("cluster FixedWindow|64", cluster.hit("FixedWindow", f"k{rep}"), 64))
-    issue = fan_out(cases.issue, 64, math.prod(shape(64)))
-    cases.tokens.clear()
-    await issue(0)
-    first = rep % len(crowds)
-    for name, op, tasks in crowds[first:] + crowds[:first]:
-        # The C client again right before each crowd: its ratio pairs two runs seconds
-        # apart (this machine's speed drifts by up to 2x over a minute).
-        rps = c_client(url, cases.sha, cases.prefix, 50)
+    first = rep % len(conditions)
+    for where, name, op, tasks in conditions[first:] + conditions[:first]:
+        # The C client again right before each crowd, on the crowd's deployment: its ratio
+        # pairs two runs seconds apart (this machine's speed drifts by up to 2x in a minute).
+        rps = c_client(where, 50)
         if rps is not None:
             figures[f"C -c 50|{name}"] = rps
         figures[name], figures[f"cpu|{name}"] = await rate(op, tasks)
@@ -257,52 +295,64 @@ def report(reps: list[dict[str, float]], has_c: bool, has_cluster: bool) -> None
 
     c1 = col("C -c 1") if has_c else []
     c50 = col("C -c 50") if has_c else []
-    rows: list[list[str]] = []
-
-    def raw_of(key: str) -> str:
-        """The raw floor's figure with as many tasks as ``key``'s."""
-        return "raw|" + key.rpartition("|")[2]
 
     def c50_of(key: str) -> list[float]:
         """The C client -c 50 run right before ``key``'s crowd (else the repetition's)."""
         return col(f"C -c 50|{key}") if f"C -c 50|{key}" in reps[0] else c50
 
-    def row(label: str, key: str, us: bool = False) -> None:
-        xs = col(key)
-        rows.append([
-            label,
-            with_spread([1e6 / x for x in xs]) if us else "-",
-            with_spread(xs, 0),
-            ratio(paired_ratio(xs, c1)) if c1 else "-",
-            ratio(paired_ratio(xs, c50_of(key))) if c50 else "-",
-            ratio(paired_ratio(xs, col(raw_of(key)))) if raw_of(key) in reps[0] else "-",
-        ])  # fmt: skip
+    def rows_on(on: str, c1: list[float]) -> list[list[str]]:
+        """The table of one deployment (``on``: "" standalone, CLUSTER), against the C
+        client (``c1``: its ``-c 1`` runs, if any) and the raw floor on it."""
+        rows: list[list[str]] = []
 
-    if has_c:
-        rows.append(["redis-benchmark -c 1 -P 1 (C)", "-", with_spread(c1, 0), "1.00",
-                     ratio(paired_ratio(c1, c50)), "-"])  # fmt: skip
-        rows.append(["redis-benchmark -c 50 -P 1 (C)", "-", with_spread(c50, 0),
-                     ratio(paired_ratio(c50, c1)), "1.00", "-"])  # fmt: skip
-    row("raw redis.asyncio EVALSHA, sequential", "raw|seq", us=True)
-    for name in ("FixedWindow", "SlidingWindow", "TokenBucket"):
-        row(f"ours {name}, sequential", f"{name}|seq", us=True)
-    for n in LOW:
-        row(f"raw redis.asyncio, {n} tasks", f"raw|{n}")
-        row(f"ours FixedWindow, {n} tasks", f"FixedWindow|{n}")
-    row("raw redis.asyncio, 64 tasks", "raw|64")
-    for n in CROWDS:
-        row(f"ours FixedWindow, {n} tasks", f"FixedWindow|{n}")
-    row("ours SlidingWindow, 64 tasks", "SlidingWindow|64")
-    row("ours TokenBucket, 64 tasks", "TokenBucket|64")
-    row("ours lock acquire+release, 64 tasks (distinct names)", "lock|64")
-    row("ours consume_token, 64 tasks", "consume_token|64")
-    if has_cluster:
-        row("ours FixedWindow on the 3+3 cluster, 64 tasks", "cluster FixedWindow|64")
+        def row(label: str, key: str, us: bool = False) -> None:
+            xs = col(on + key)
+            raw = f"{on}raw|{key.rpartition('|')[2]}"  # the raw floor with as many tasks
+            rows.append([
+                label,
+                with_spread([1e6 / x for x in xs]) if us else "-",
+                with_spread(xs, 0),
+                *([ratio(paired_ratio(xs, c1)) if c1 else "-"] if not on else []),
+                ratio(paired_ratio(xs, c50_of(on + key))) if has_c else "-",
+                ratio(paired_ratio(xs, col(raw))) if raw in reps[0] else "-",
+            ])  # fmt: skip
+
+        if has_c and not on:
+            rows.append(["redis-benchmark -c 1 -P 1 (C)", "-", with_spread(c1, 0), "1.00",
+                         ratio(paired_ratio(c1, c50)), "-"])  # fmt: skip
+            rows.append(["redis-benchmark -c 50 -P 1 (C)", "-", with_spread(c50, 0),
+                         ratio(paired_ratio(c50, c1)), "1.00", "-"])  # fmt: skip
+        if has_c and on:
+            cluster_c50 = col(f"{on}C -c 50")
+            rows.append(["redis-benchmark --cluster -c 50 -P 1 (C)", "-",
+                         with_spread(cluster_c50, 0), "1.00", "-"])  # fmt: skip
+        row("raw redis.asyncio EVALSHA, sequential", "raw|seq", us=True)
+        for name in ("FixedWindow", "SlidingWindow", "TokenBucket"):
+            row(f"ours {name}, sequential", f"{name}|seq", us=True)
+        for n in LOW:
+            row(f"raw redis.asyncio, {n} tasks", f"raw|{n}")
+            row(f"ours FixedWindow, {n} tasks", f"FixedWindow|{n}")
+        row("raw redis.asyncio, 64 tasks", "raw|64")
+        for n in CROWDS:
+            row(f"ours FixedWindow, {n} tasks", f"FixedWindow|{n}")
+        row("ours SlidingWindow, 64 tasks", "SlidingWindow|64")
+        row("ours TokenBucket, 64 tasks", "TokenBucket|64")
+        row("ours lock acquire+release, 64 tasks (distinct names)", "lock|64")
+        row("ours consume_token, 64 tasks", "consume_token|64")
+        return rows
+
     print_table(
         f"Decisions per second, medians of {REPS} repetitions (min-max)",
         ["condition", "µs/decision", "decisions/s", "÷ C -c 1", "÷ C -c 50", "÷ raw (same tasks)"],
-        rows,
+        rows_on("", c1),
     )
+    if has_cluster:
+        print_table(
+            f"On the 3+3 cluster: decisions per second, medians of {REPS} repetitions (min-max)",
+            ["condition", "µs/decision", "decisions/s", "÷ C --cluster -c 50",
+             "÷ raw RedisCluster (same tasks)"],
+            rows_on(CLUSTER, []),
+        )  # fmt: skip
     low = [
         [f"{n} tasks", ratio(paired_ratio(col(f"FixedWindow|{n}"), col(f"raw|{n}")))] for n in LOW
     ]
@@ -382,6 +432,7 @@ async def main() -> None:
     raw = aredis.Redis.from_url(url, max_connections=1024)
     backend = arl.Backend.from_url(url, prefix=prefix)
     cluster_url = os.environ.get("REDIS_CLUSTER_URL")
+    cluster_raw = raw_cluster(cluster_url, max_connections=1024) if cluster_url else None
     cluster_backend = arl.Backend.from_url(cluster_url, prefix=prefix) if cluster_url else None
     try:
         server = await raw.info("server")
@@ -392,21 +443,29 @@ async def main() -> None:
             ["aioratelimit", "redis", "hiredis"],
             [("event loop", type(asyncio.get_running_loop()).__module__)],
         )
-        cases = Cases(raw, sha, backend, prefix)
-        cluster = Cases(raw, sha, cluster_backend, prefix) if cluster_backend else None
+        cases = Cases(raw, sha, backend, prefix, url, cluster=False)
+        cluster = None
+        if cluster_url is not None and cluster_raw is not None and cluster_backend is not None:
+            await cluster_raw.initialize()
+            await cluster_raw.script_load(FLOOR_LUA)  # on every master
+            cluster = Cases(cluster_raw, sha, cluster_backend, prefix, cluster_url, cluster=True)
         commands = {"floor": floor_command(sha, prefix)}
         commands |= {name: await cases.sent(name) for name in cases.limiters}
         reps = []
         for rep in range(REPS):
-            reps.append(await repetition(cases, rep, url, cluster, commands))
+            reps.append(await repetition(cases, rep, cluster, commands))
             progress(f"rep {rep + 1}/{REPS} done")
         report(reps, "C -c 1" in reps[0], cluster is not None)
     finally:
         deleted = await delete_prefix(raw, prefix)
+        if cluster_url is not None:
+            deleted += await asyncio.to_thread(delete_cluster_prefix, cluster_url, prefix)
         progress(f"deleted {deleted} keys under {prefix}:*")
         await backend.aclose()
         if cluster_backend is not None:
             await cluster_backend.aclose()
+        if cluster_raw is not None:
+            await cluster_raw.aclose()
         await raw.aclose()
 
 

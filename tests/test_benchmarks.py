@@ -29,13 +29,28 @@ def bench_keys(client: redis.Redis) -> set[bytes]:
     return set(client.scan_iter(match="arlb:*", count=1000))
 
 
+def cluster_bench_keys(url: str) -> set[bytes]:
+    """``bench_keys`` on every master of the cluster at ``url``."""
+    seeds = [
+        redis.cluster.ClusterNode(host, int(port))  # type: ignore[no-untyped-call]
+        for host, port in (seed.split(":") for seed in url.partition("://")[2].split(","))
+    ]
+    with redis.RedisCluster(startup_nodes=seeds) as client:
+        return {
+            key
+            for node in client.get_primaries()
+            for key in bench_keys(client.get_redis_connection(node))
+        }
+
+
 #: The smoke runs are the main lane's (tests/loops.py).
 SMOKE = pytest.mark.skipif(
     not loops.MAIN_LANE, reason="the benchmarks' smoke runs are the main lane's"
 )
 
-#: bench_cluster also measures a cluster, so its smoke run needs one (below).
-STANDALONE = [s for s in SCRIPTS if s.stem != "bench_cluster"]
+#: These also measure a cluster, so their smoke runs need one (below).
+WITH_CLUSTER = [s for s in SCRIPTS if s.stem in ("bench_cluster", "bench_transport")]
+STANDALONE = [s for s in SCRIPTS if s not in WITH_CLUSTER]
 
 
 def smoke_run(script: Path, sync_redis: redis.Redis, **urls: str) -> str:
@@ -80,12 +95,17 @@ def test_benchmark_smoke_run(script: Path, redis_url: str, sync_redis: redis.Red
 
 @pytest.mark.slow
 @SMOKE
+@pytest.mark.parametrize("script", WITH_CLUSTER, ids=[s.stem for s in WITH_CLUSTER])
 def test_cluster_benchmark_smoke_run(
-    redis_url: str, cluster_url: str, sync_redis: redis.Redis
+    script: Path, redis_url: str, cluster_url: str, sync_redis: redis.Redis
 ) -> None:
-    """bench_cluster runs the same way, its cluster rows too on the suite's shared cluster."""
-    script = BENCHMARKS / "bench_cluster.py"
-    smoke_run(script, sync_redis, REDIS_URL=redis_url, REDIS_CLUSTER_URL=cluster_url)
+    """These run the same way, their cluster rows too on the suite's shared cluster, and
+    leave no key of their own on its masters either."""
+    before = cluster_bench_keys(cluster_url)
+    stdout = smoke_run(script, sync_redis, REDIS_URL=redis_url, REDIS_CLUSTER_URL=cluster_url)
+    assert cluster_bench_keys(cluster_url) <= before
+    if script.stem == "bench_transport":
+        assert "On the 3+3 cluster" in stdout, stdout[-3000:]
 
 
 @pytest.mark.slow
