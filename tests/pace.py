@@ -6,11 +6,16 @@ cluster, sentinel) those calls take milliseconds each and the margins suit that;
 memory:// a call takes microseconds and nothing stands between a call and its answer but
 this process, so a test may choose a shorter window there (``pytest -m memory`` is the
 lane that must be quick). Each test says both values where it uses them, and why the
-shorter one still holds its margin.
+shorter one still holds its margin: a wait that fails the test when this process stalls
+keeps at least 200 ms of slack on memory:// too.
+
+A test that times a wake-up waits for the waiter to fall asleep (``asleep``) rather than
+for a fixed pause, on every backend.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import TypeVar
 
 import aioratelimit as arl
@@ -26,3 +31,20 @@ def on_memory(backend: arl.Backend) -> bool:
 def pace(backend: arl.Backend, *, network: T, memory: T) -> T:
     """``memory`` on the in-process store, else ``network``."""
     return memory if on_memory(backend) else network
+
+
+async def asleep(backend: arl.Backend, *, within: float = 10.0) -> None:
+    """Return once a waiter on ``backend`` sleeps on its subscription (it has tried,
+    subscribed, and the subscription is confirmed): what a test that times a wake-up
+    waits for, instead of a fixed pause that may end before it or long after."""
+    notifier = backend.notifier
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    # (the notifier sets no event when a waiter falls asleep: its state is read every ms)
+    while not any(
+        sub._waiter is not None and notifier.confirmed(sub.channel)
+        for subs in notifier._subs.values()
+        for sub in subs
+    ):
+        assert loop.time() < deadline, f"no waiter asleep on {backend!r} within {within} s"
+        await asyncio.sleep(0.001)

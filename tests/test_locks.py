@@ -16,6 +16,7 @@ from typing import Any
 import loops
 import pytest
 import redis.asyncio as aredis
+from pace import asleep, pace
 from servers import RedisServer
 
 import aioratelimit as arl
@@ -356,7 +357,7 @@ async def test_release_wakes_a_waiter_at_once(backend: arl.Backend, key: str) ->
             await lease.release()
 
         waiter = asyncio.create_task(wait())
-        await asyncio.sleep(0.2)  # the waiter has tried, subscribed and sleeps
+        await asleep(backend)  # the waiter has tried, subscribed and sleeps
         released = time.monotonic()
         await holder.release()
         handoffs.append(await got - released)
@@ -516,12 +517,15 @@ async def test_block_exception_propagates_and_releases(backend: arl.Backend, key
 async def test_renewal_keeps_a_lock_through_several_ttls_of_work(
     backend: arl.Backend, key: str
 ) -> None:
-    """With auto_renew, a 0.6 s-ttl lock stays held through 1.5 s of work (as the
+    """With auto_renew, a lock stays held through two and a half ttls of work (as the
     semaphore's slot in test_semaphore.py); nobody else gets it."""
-    lk = arl.Lock(key, ttl=0.6, backend=backend)
-    async with arl.lock(key, ttl=0.6, backend=backend) as lease:
+    # Renewed every third of the ttl: a renewal would have to come two thirds of it late
+    # (267 ms on memory://, where a call takes microseconds; 400 ms across a network).
+    ttl = pace(backend, network=0.6, memory=0.4)
+    lk = arl.Lock(key, ttl=ttl, backend=backend)
+    async with arl.lock(key, ttl=ttl, backend=backend) as lease:
         for _ in range(6):
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(ttl * 2.5 / 6)
             with pytest.raises(arl.LockTimeout):
                 await lk.acquire(timeout=0)
         fence = lease.fencing_token

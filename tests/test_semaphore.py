@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import pytest
+from pace import asleep, pace
 
 import aioratelimit as arl
 from aioratelimit import _keys, _scripts
@@ -91,7 +92,7 @@ async def test_release_wakes_a_waiter_at_once(backend: arl.Backend, key: str) ->
     for _ in range(3):
         holder = await sem.acquire()
         waiter = asyncio.create_task(sem.acquire(timeout=10))
-        await asyncio.sleep(0.2)
+        await asleep(backend)  # the waiter has tried, subscribed and sleeps
         released = time.monotonic()
         await holder.release()
         lease = await waiter
@@ -198,11 +199,14 @@ async def test_lost_slot_cancels_the_block(backend: arl.Backend, key: str) -> No
 
 
 async def test_renewal_keeps_the_slot(backend: arl.Backend, key: str) -> None:
-    """With auto_renew, a 0.6 s-ttl slot stays held through 1.5 s of work."""
+    """With auto_renew, a slot stays held through two and a half ttls of work."""
+    # Renewed every third of the ttl: a renewal would have to come two thirds of it late
+    # (267 ms on memory://, where a call takes microseconds; 400 ms across a network).
+    ttl = pace(backend, network=0.6, memory=0.4)
     sem = arl.Semaphore(key, limit=1, backend=backend)
-    async with arl.semaphore(key, limit=1, ttl=0.6, backend=backend):
+    async with arl.semaphore(key, limit=1, ttl=ttl, backend=backend):
         for _ in range(3):
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(ttl * 2.5 / 3)
             assert await sem.holders() == 1
     assert await sem.holders() == 0
 
