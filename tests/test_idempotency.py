@@ -17,6 +17,7 @@ import loops
 import pytest
 import redis
 import redis.asyncio as aredis
+from pace import pace
 
 import aioratelimit as arl
 from aioratelimit import _idempotency, _keys, _scripts
@@ -232,15 +233,18 @@ async def test_stale_decorated_call_does_not_overwrite_the_new_owner(
 async def test_lease_is_renewed_while_the_call_runs(backend: arl.Backend, key: str) -> None:
     """A call running for several leases keeps its key: duplicates stay InProgress."""
     store = IdempotencyStore(backend)
+    # Renewed every third of the lease: a renewal would have to come two thirds of it late
+    # (267 ms on memory://, where a call takes microseconds; 400 ms across a network).
+    lease = pace(backend, network=0.6, memory=0.4)
 
-    @arl.idempotent(key=lambda: key, lease=0.6, backend=backend)
+    @arl.idempotent(key=lambda: key, lease=lease, backend=backend)
     async def long() -> int:
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(lease * 2.5)
         return 7
 
     task = asyncio.create_task(long())
     for _ in range(2):
-        await asyncio.sleep(0.65)  # each probe comes after a whole lease
+        await asyncio.sleep(lease + 0.05)  # each probe comes after a whole lease
         assert isinstance(await store.claim(key), InProgress)
     assert await task == 7
     assert await store.claim(key) == Replay(key, b"7")
