@@ -189,11 +189,12 @@ async def test_fingerprint_mismatch_runs_nothing(backend: arl.Backend, key: str)
 
 async def test_stale_owner_can_neither_complete_nor_release(backend: arl.Backend, key: str) -> None:
     """After its lease passed and another claimed the key, the old owner changes nothing."""
-    store = IdempotencyStore(backend, lease=0.5)
+    lease = pace(backend, network=0.5, memory=0.25)  # holds two claims (microseconds here)
+    store = IdempotencyStore(backend, lease=lease)
     stale = await store.claim(key, "fp")
     assert isinstance(stale, Claimed)
     assert isinstance(await store.claim(key, "fp"), InProgress)
-    await asyncio.sleep(0.7)
+    await asyncio.sleep(lease + 0.2)
     fresh = await store.claim(key, "fp")
     assert isinstance(fresh, Claimed)
     assert await store.renew(stale) is False

@@ -489,14 +489,16 @@ async def test_outer_cancellation_of_the_block_is_not_swallowed(
     LockLost) and releases the lock."""
     entered = asyncio.Event()
 
+    ttl = pace(backend, network=1.0, memory=0.3)
+
     async def body() -> None:
-        async with arl.lock(key, ttl=1, backend=backend):
+        async with arl.lock(key, ttl=ttl, backend=backend):
             entered.set()
             await asyncio.sleep(30)
 
     task = asyncio.create_task(body())
     await entered.wait()
-    await asyncio.sleep(0.5)  # a renewal has run
+    await asyncio.sleep(ttl / 2)  # a renewal has run (every third of the ttl)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -565,9 +567,11 @@ async def test_blocking_pause_longer_than_ttl_raises_lock_lost(
     """A block that blocks the event loop longer than the ttl is cancelled at its next await
     and LockLost is raised."""
 
+    ttl = pace(backend, network=0.5, memory=0.2)  # (entering the block takes microseconds)
+
     async def block() -> None:
-        async with arl.lock(key, ttl=0.5, backend=backend):
-            time.sleep(0.8)  # noqa: ASYNC251  (the point: the loop cannot renew)
+        async with arl.lock(key, ttl=ttl, backend=backend):
+            time.sleep(ttl + 0.3)  # noqa: ASYNC251  (the point: the loop cannot renew)
             await asyncio.sleep(10)
 
     start = time.monotonic()

@@ -462,8 +462,9 @@ async def test_wait_sleeps_for_retry_after_and_succeeds(
     backend: arl.Backend, make: Make, key: str
 ) -> None:
     """``wait=True`` sleeps until the hit can be admitted (a few tries, not polling)."""
-    limiter = make("2/400ms", backend)
-    while (await limiter.hit(key)).allowed:  # full: the next try is denied (for >= 200 ms)
+    # Full: the next try is denied, for at least half the window (a TokenBucket's token).
+    limiter = make(pace(backend, network="2/400ms", memory="2/200ms"), backend)
+    while (await limiter.hit(key)).allowed:
         pass
     recorder = Recorder(backend)
     started = time.monotonic()
@@ -500,7 +501,7 @@ async def test_wait_with_a_short_timeout_raises_at_once(
 
 async def test_wait_within_the_timeout_succeeds(backend: arl.Backend, make: Make, key: str) -> None:
     """``wait=True`` with a timeout longer than retry_after is admitted."""
-    limiter = make("1/200ms", backend)
+    limiter = make(pace(backend, network="1/200ms", memory="1/100ms"), backend)
     await limiter.hit(key)
     decision = await limiter.acquire(key, wait=True, timeout=5)
     assert decision.allowed
@@ -544,7 +545,8 @@ async def test_decorator_with_a_str_key_and_cost(backend: arl.Backend, key: str)
 
 async def test_decorator_with_wait(backend: arl.Backend, key: str) -> None:
     """``@limiter.limit(..., wait=True)`` waits for its turn instead of raising."""
-    limiter = arl.SlidingWindow("1/200ms", buckets=4, backend=backend)
+    rate = pace(backend, network="1/200ms", memory="1/100ms")
+    limiter = arl.SlidingWindow(rate, buckets=4, backend=backend)
 
     @limiter.limit(key=key, wait=True, timeout=5)
     async def work(n: int) -> int:
@@ -599,7 +601,7 @@ async def test_memory_never_runs_backwards_when_the_wall_clock_steps_back(
     stepped back 30 s (NTP, a VM resumed) between hits, no decision reports a reset or a
     retry beyond its window (a SlidingWindow's: the window plus one sub-window), and a
     denied key is admitted again once its window has passed."""
-    window = 0.4
+    window = 0.25  # holds the four hits below (microseconds on memory://)
     async with arl.Backend.from_url("memory://") as backend:
         limiter = make(f"2/{int(window * 1000)}ms", backend)
         assert (await limiter.hit(key)).allowed

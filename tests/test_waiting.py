@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pace import pace
 
 import aioratelimit as arl
 
@@ -122,7 +123,8 @@ async def test_a_cancelled_booking_gives_its_slot_back(counted: Counted, key: st
     bucket = arl.TokenBucket("1/2s", backend=counted.backend)
     assert (await bucket.hit(key)).allowed
     first = asyncio.create_task(bucket.acquire(key, wait=True))
-    await asyncio.sleep(0.5)  # (ample for the booking's round trip; it then sleeps ~2 s)
+    # Ample for the booking's round trip (none on memory://); it then sleeps ~2 s.
+    await asyncio.sleep(pace(counted.backend, network=0.5, memory=0.25))
     assert counted.calls == 2  # the hit, then the booking
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
