@@ -16,7 +16,7 @@ for a fixed pause, on every backend.
 from __future__ import annotations
 
 import asyncio
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import aioratelimit as arl
 
@@ -33,18 +33,20 @@ def pace(backend: arl.Backend, *, network: T, memory: T) -> T:
     return memory if on_memory(backend) else network
 
 
-async def asleep(backend: arl.Backend, *, within: float = 10.0) -> None:
-    """Return once a waiter on ``backend`` sleeps on its subscription (it has tried,
-    subscribed, and the subscription is confirmed): what a test that times a wake-up
-    waits for, instead of a fixed pause that may end before it or long after."""
-    notifier = backend.notifier
+async def asleep(
+    backend: arl.Backend, *, waiter: asyncio.Future[Any] | None = None, within: float = 10.0
+) -> None:
+    """Return once a waiter on ``backend`` sleeps on its subscription (it has tried and
+    subscribed: a subscription is confirmed, or given up on, before anyone sleeps on it),
+    or once ``waiter``, the task that waits, has ended without sleeping (an error): what a
+    test that times a wake-up waits for, instead of a fixed pause that may end before the
+    waiter sleeps or long after."""
+    subs = backend.notifier._subs
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     # (the notifier sets no event when a waiter falls asleep: its state is read every ms)
-    while not any(
-        sub._waiter is not None and notifier.confirmed(sub.channel)
-        for subs in notifier._subs.values()
-        for sub in subs
-    ):
+    while not any(sub._waiter is not None for each in subs.values() for sub in each):
+        if waiter is not None and waiter.done():
+            return
         assert loop.time() < deadline, f"no waiter asleep on {backend!r} within {within} s"
         await asyncio.sleep(0.001)

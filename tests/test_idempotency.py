@@ -17,7 +17,7 @@ import loops
 import pytest
 import redis
 import redis.asyncio as aredis
-from pace import pace
+from pace import asleep, pace
 
 import aioratelimit as arl
 from aioratelimit import _idempotency, _keys, _scripts
@@ -98,7 +98,7 @@ async def test_wait_is_woken_by_the_completion(
     @arl.idempotent(key=lambda n: key, lease=60.0, wait=True, backend=backend)
     async def work(n: int) -> int:
         started.set()
-        await asyncio.sleep(0.3)
+        await asleep(backend)  # the second call waits for this one's result
         return n
 
     first = asyncio.create_task(work(1))
@@ -120,8 +120,8 @@ async def test_waiter_runs_itself_after_the_first_call_raises(
     async def work(n: int) -> int:
         calls.append(n)
         started.set()
-        await asyncio.sleep(0.2)
         if n == 1:
+            await asleep(backend)  # the second call waits for this one's result
             raise RuntimeError("declined")
         return n
 
@@ -235,8 +235,8 @@ async def test_lease_is_renewed_while_the_call_runs(backend: arl.Backend, key: s
     """A call running for several leases keeps its key: duplicates stay InProgress."""
     store = IdempotencyStore(backend)
     # Renewed every third of the lease: a renewal would have to come two thirds of it late
-    # (267 ms on memory://, where a call takes microseconds; 400 ms across a network).
-    lease = pace(backend, network=0.6, memory=0.4)
+    # (200 ms on memory://, where a call takes microseconds; 400 ms across a network).
+    lease = pace(backend, network=0.6, memory=0.3)
 
     @arl.idempotent(key=lambda: key, lease=lease, backend=backend)
     async def long() -> int:

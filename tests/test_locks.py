@@ -522,8 +522,8 @@ async def test_renewal_keeps_a_lock_through_several_ttls_of_work(
     """With auto_renew, a lock stays held through two and a half ttls of work (as the
     semaphore's slot in test_semaphore.py); nobody else gets it."""
     # Renewed every third of the ttl: a renewal would have to come two thirds of it late
-    # (267 ms on memory://, where a call takes microseconds; 400 ms across a network).
-    ttl = pace(backend, network=0.6, memory=0.4)
+    # (200 ms on memory://, where a call takes microseconds; 400 ms across a network).
+    ttl = pace(backend, network=0.6, memory=0.3)
     lk = arl.Lock(key, ttl=ttl, backend=backend)
     async with arl.lock(key, ttl=ttl, backend=backend) as lease:
         for _ in range(6):
@@ -545,8 +545,10 @@ async def test_lock_taken_by_another_cancels_the_block(backend: arl.Backend, key
         await delete(backend, lock_keys(backend, key)[0])
         thief.append(await arl.Lock(key, ttl=30, backend=backend).acquire(timeout=0))
 
+    ttl = pace(backend, network=1.0, memory=0.3)  # the next renewal notices, ttl/3 later
+
     async def block() -> None:
-        async with arl.lock(key, ttl=1, backend=backend):
+        async with arl.lock(key, ttl=ttl, backend=backend):
             await asyncio.sleep(10)
             raise AssertionError("the block ran to its end")
 
@@ -619,9 +621,10 @@ async def test_release_by_hand_inside_the_block_stops_renewal(
     backend: arl.Backend, key: str
 ) -> None:
     """Releasing the lease inside the block is fine: no LockLost, renewal stops."""
-    async with arl.lock(key, ttl=0.3, backend=backend) as lease:
+    ttl = pace(backend, network=0.3, memory=0.15)
+    async with arl.lock(key, ttl=ttl, backend=backend) as lease:
         await lease.release()
-        await asyncio.sleep(0.4)
+        await asyncio.sleep(ttl + 0.1)  # three renewals would have come
     assert not await arl.Lock(key, backend=backend).locked()
 
 
