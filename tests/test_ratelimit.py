@@ -386,7 +386,7 @@ async def test_sliding_window_never_exceeds_the_limit_in_any_interval(
     rng = random.Random(seed)
     # Three windows of random bursts; each admission is timed by the store's own clock, so
     # a shorter window on memory:// (no network) asks nothing more of this machine's pace.
-    limit, window_us = 6, pace(backend, network=250_000, memory=100_000)
+    limit, window_us = 6, pace(backend, network=250_000, memory=60_000)
     limiter = arl.SlidingWindow(arl.Rate(limit, window_us / 1e6), buckets=buckets, backend=backend)
     recorder = Recorder(backend)
     costs: list[int] = []
