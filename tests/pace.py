@@ -34,19 +34,23 @@ def pace(backend: arl.Backend, *, network: T, memory: T) -> T:
 
 
 async def asleep(
-    backend: arl.Backend, *, waiter: asyncio.Future[Any] | None = None, within: float = 10.0
+    backend: arl.Backend,
+    *,
+    count: int = 1,
+    waiter: asyncio.Future[Any] | None = None,
+    within: float = 10.0,
 ) -> None:
-    """Return once a waiter on ``backend`` sleeps on its subscription (it has tried and
-    subscribed: a subscription is confirmed, or given up on, before anyone sleeps on it),
-    or once ``waiter``, the task that waits, has ended without sleeping (an error): what a
-    test that times a wake-up waits for, instead of a fixed pause that may end before the
-    waiter sleeps or long after."""
+    """Return once ``count`` waiters on ``backend`` sleep on their subscriptions (each has
+    tried and subscribed: a subscription is confirmed, or given up on, before anyone sleeps
+    on it), or once ``waiter``, the task that waits, has ended without sleeping (an error):
+    what a test that times a wake-up waits for, instead of a fixed pause that may end
+    before the waiters sleep or long after."""
     subs = backend.notifier._subs
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     # (the notifier sets no event when a waiter falls asleep: its state is read every ms)
-    while not any(sub._waiter is not None for each in subs.values() for sub in each):
+    while sum(sub._waiter is not None for each in subs.values() for sub in each) < count:
         if waiter is not None and waiter.done():
             return
-        assert loop.time() < deadline, f"no waiter asleep on {backend!r} within {within} s"
+        assert loop.time() < deadline, f"not {count} waiters asleep on {backend!r} in {within} s"
         await asyncio.sleep(0.001)

@@ -52,15 +52,26 @@ async def test_first_call_runs_and_later_calls_replay(backend: arl.Backend, key:
 async def test_100_concurrent_duplicates_run_the_body_once(backend: arl.Backend, key: str) -> None:
     """Of 100 concurrent calls with one key, one runs; the others raise IdempotencyInProgress."""
     runs = 0
+    refused = asyncio.Event()  # set by the 99th refusal: the one run then ends
+    refusals: list[arl.IdempotencyInProgress] = []
 
     @arl.idempotent(key=lambda: key, backend=backend)
     async def work() -> str:
         nonlocal runs
         runs += 1
-        await asyncio.sleep(0.2)
+        await asyncio.wait_for(refused.wait(), 10)
         return "done"
 
-    results = await asyncio.gather(*(work() for _ in range(100)), return_exceptions=True)
+    async def call() -> str:
+        try:
+            return await work()
+        except arl.IdempotencyInProgress as exc:
+            refusals.append(exc)
+            if len(refusals) == 99:
+                refused.set()
+            raise
+
+    results = await asyncio.gather(*(call() for _ in range(100)), return_exceptions=True)
     assert runs == 1
     assert results.count("done") == 1
     busy = [r for r in results if isinstance(r, arl.IdempotencyInProgress)]
@@ -80,7 +91,7 @@ async def test_100_concurrent_waiters_all_get_the_first_result(
     async def work() -> dict[str, int]:
         nonlocal runs
         runs += 1
-        await asyncio.sleep(0.2)
+        await asleep(backend, count=99)  # the others wait for this result
         return {"run": runs}
 
     results = await asyncio.gather(*(work() for _ in range(100)))
