@@ -283,7 +283,7 @@ BOUNDED = [
     [arl.Rate(3, 0.002)],
     [arl.Rate(2, 0.0015)],
     [arl.Rate(5, 0.0333), arl.Rate(9, 0.1)],
-    [arl.Rate(1, 0.001001), arl.Rate(4, 0.0105), arl.Rate(7, 0.15)],
+    [arl.Rate(1, 0.001001), arl.Rate(4, 0.0105), arl.Rate(7, 0.05)],
 ]
 
 
