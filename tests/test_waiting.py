@@ -29,10 +29,10 @@ def rate(b: arl.Backend) -> str:
     return pace(b, network="5/100ms", memory="5/50ms")
 
 
-KINDS: dict[str, Callable[[arl.Backend], arl.Limiter]] = {
-    "fixed": lambda b: arl.FixedWindow(rate(b), backend=b),
-    "sliding": lambda b: arl.SlidingWindow(rate(b), backend=b),
-    "token": lambda b: arl.TokenBucket(rate(b), burst=1, backend=b),
+KINDS: dict[str, Callable[[arl.Backend, str], arl.Limiter]] = {
+    "fixed": lambda b, r: arl.FixedWindow(r, backend=b),
+    "sliding": lambda b, r: arl.SlidingWindow(r, backend=b),
+    "token": lambda b, r: arl.TokenBucket(r, burst=1, backend=b),
 }
 BLOCKABLE: dict[str, Callable[[arl.Backend], arl.Limiter]] = {
     "fixed": lambda b: arl.FixedWindow(rate(b), backend=b, blockable=True),
@@ -103,7 +103,7 @@ async def test_waiters_cost_at_most_two_calls_each_and_go_in_order(
 ) -> None:
     """12 waiters on a used-up key: a TokenBucket's cost exactly one script call each (a
     booking), a window's at most two; each is admitted in the order it asked."""
-    limiter = KINDS[kind](counted.backend)
+    limiter = KINDS[kind](counted.backend, rate(counted.backend))
     assert (await limiter.hit(key, FULL[kind])).allowed
     counted.calls = 0
     admitted: list[int] = []
@@ -146,7 +146,10 @@ async def test_a_waiter_behind_the_head_times_out_in_the_line(
 ) -> None:
     """A waiter queued behind the head raises RateLimited once its timeout has passed (a
     bound, with a generous margin), and the line goes on without it."""
-    limiter = KINDS[kind](counted.backend)
+    # 100 ms on every store: the line must still hold this waiter when its 10 ms are up,
+    # even when it comes late after the hit (the window ends 100 ms after it, the second
+    # token of a TokenBucket comes 40 ms after it).
+    limiter = KINDS[kind](counted.backend, "5/100ms")
     assert (await limiter.hit(key, FULL[kind])).allowed
     head = asyncio.create_task(limiter.acquire(key, wait=True, timeout=30))
     await asyncio.sleep(0)
