@@ -245,9 +245,9 @@ async def test_stale_decorated_call_does_not_overwrite_the_new_owner(
 async def test_lease_is_renewed_while_the_call_runs(backend: arl.Backend, key: str) -> None:
     """A call running for several leases keeps its key: duplicates stay InProgress."""
     store = IdempotencyStore(backend)
-    # Renewed every third of the lease: a renewal would have to come two thirds of it late
-    # (200 ms on memory://, where a call takes microseconds; 400 ms across a network).
-    lease = pace(backend, network=0.6, memory=0.3)
+    # Renewed every third of the lease, lost if a renewal comes two thirds of it late:
+    # 267 ms on memory:// (a call takes microseconds), 400 ms on a network.
+    lease = pace(backend, network=0.6, memory=0.4)
 
     @arl.idempotent(key=lambda: key, lease=lease, backend=backend)
     async def long() -> int:

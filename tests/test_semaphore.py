@@ -201,9 +201,9 @@ async def test_lost_slot_cancels_the_block(backend: arl.Backend, key: str) -> No
 
 async def test_renewal_keeps_the_slot(backend: arl.Backend, key: str) -> None:
     """With auto_renew, a slot stays held through two and a half ttls of work."""
-    # Renewed every third of the ttl: a renewal would have to come two thirds of it late
-    # (200 ms on memory://, where a call takes microseconds; 400 ms across a network).
-    ttl = pace(backend, network=0.6, memory=0.3)
+    # Renewed every third of the ttl, lost if a renewal comes later than a tenth before
+    # its end: 227 ms late on memory:// (a call takes microseconds), 340 ms on a network.
+    ttl = pace(backend, network=0.6, memory=0.4)
     sem = arl.Semaphore(key, limit=1, backend=backend)
     async with arl.semaphore(key, limit=1, ttl=ttl, backend=backend):
         for _ in range(3):
