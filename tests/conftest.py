@@ -10,8 +10,10 @@ from its fixtures and its ``backend``, ``store_url`` or ``deployment`` parameter
 marks by hand): ``redis`` (a standalone server), ``cluster``, ``sentinel``, as many as it
 uses, or ``memory`` when it needs none (memory:// parameters, pure unit tests). So:
 
-    pytest -m memory               no server at all (about 90 s on two busy cores, where
-                                   it took 200 s before the quick profile and the jobs below)
+    pytest -m memory               no server at all (35-40 s on two quiet cores, where it
+                                   took 61-65 s before the shorter waits on memory://
+                                   of pace.py, and 200 s before the quick profile and the
+                                   jobs below)
     pytest -m "memory or redis"    the standalone lane
     pytest                         everything (scripts/test runs the lanes)
 

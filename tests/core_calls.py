@@ -1,7 +1,8 @@
 """Calls through the public API that the TLS and ACL tests run on a backend: a contended
 hand-off of a lock or semaphore slot, and a conformance core touching every primitive.
 
-Both only use ``aioratelimit``'s public names, so they mean the same on any transport.
+Both only use ``aioratelimit``'s public names, so they mean the same on any transport
+(and pace.asleep, which reads the backend's notifier to know when a waiter sleeps).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from pace import asleep
 
 import aioratelimit as arl
 
@@ -24,7 +26,7 @@ async def contended_handoff(resource: arl.Lock | arl.Semaphore) -> float:
     loop = asyncio.get_running_loop()
     waiter = asyncio.create_task(resource.acquire(timeout=10))
     try:
-        await asyncio.sleep(0.2)  # the waiter has tried, subscribed and sleeps
+        await asleep(resource.backend, waiter=waiter)  # it has tried, subscribed and sleeps
         released = loop.time()
         await holder.release()
         lease = await waiter
@@ -80,16 +82,17 @@ async def conformance_core(backend: arl.Backend, key: str) -> None:
     assert await charge(1) == {"n": 1}  # replayed
     assert runs == [1, 1]
 
-    gate = asyncio.Event()
+    running, gate = asyncio.Event(), asyncio.Event()
 
     @arl.idempotent(key=f"{key}:slow", wait=True, backend=backend)
     async def slow() -> str:
+        running.set()
         await gate.wait()
         return "done"
 
     first = asyncio.create_task(slow())
-    await asyncio.sleep(0.1)
+    await running.wait()  # the first call holds the key
     second = asyncio.create_task(slow())  # waits for the first one's result
-    await asyncio.sleep(0.2)
+    await asleep(backend, waiter=second)
     gate.set()
     assert list(await asyncio.wait_for(asyncio.gather(first, second), 10)) == ["done", "done"]

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import redis
+from pace import pace
 from servers import RedisServer
 
 import aioratelimit as arl
@@ -77,8 +78,13 @@ async def test_cached_denials_agree_with_the_backend_and_count_down(
 ) -> None:
     """Once cached, denials cost no script call, count down, and a plain limiter's peek
     on the same key denies too; the first hit after retry_after goes to the backend."""
-    limiter = make("3/2s", backend=backend, deny_cache=100)
-    plain = make("3/2s", backend=backend)
+    # The denial holds the warm-up and the 20 cached hits and 20 peeks below: on memory://
+    # they take about 20 ms, and a denial lasts 250-300 ms (a TokenBucket's, one token, a
+    # third of its window); across a network 40 round trips get 667 ms or more.
+    token = make is ALGORITHMS["token"]
+    rate = pace(backend, network="3/2s", memory="3/750ms" if token else "3/300ms")
+    limiter = make(rate, backend=backend, deny_cache=100)
+    plain = make(rate, backend=backend)
     first = await cached_denial(limiter, key, 3)
     counting = Counting(backend)
     seen = [first]
@@ -134,8 +140,10 @@ async def test_a_flood_costs_one_denied_call_per_retry_window(
     """64 tasks hitting one key for several windows: at most one denied script call per
     retry window (the others share it or read the cache), and never more admitted than the
     limit per window."""
-    window, limit, windows = 0.5, 5, 4
-    limiter = arl.FixedWindow(f"{limit}/500ms", backend=backend, deny_cache=100)
+    # Four windows whatever their length: a quarter of a second each on memory://, where a
+    # call takes microseconds and no round trip of the flood lasts into the next window.
+    window, limit, windows = pace(backend, network=0.5, memory=0.25), 5, 4
+    limiter = arl.FixedWindow(arl.Rate(limit, window), backend=backend, deny_cache=100)
     await cached_denial(limiter, key, limit)  # warm: the key is subscribed
     counting = Counting(backend)
     loop = asyncio.get_running_loop()

@@ -17,6 +17,7 @@ import loops
 import pytest
 import redis
 import redis.asyncio as aredis
+from pace import asleep, pace
 
 import aioratelimit as arl
 from aioratelimit import _idempotency, _keys, _scripts
@@ -51,15 +52,26 @@ async def test_first_call_runs_and_later_calls_replay(backend: arl.Backend, key:
 async def test_100_concurrent_duplicates_run_the_body_once(backend: arl.Backend, key: str) -> None:
     """Of 100 concurrent calls with one key, one runs; the others raise IdempotencyInProgress."""
     runs = 0
+    refused = asyncio.Event()  # set by the 99th refusal: the one run then ends
+    refusals: list[arl.IdempotencyInProgress] = []
 
     @arl.idempotent(key=lambda: key, backend=backend)
     async def work() -> str:
         nonlocal runs
         runs += 1
-        await asyncio.sleep(0.2)
+        await asyncio.wait_for(refused.wait(), 10)
         return "done"
 
-    results = await asyncio.gather(*(work() for _ in range(100)), return_exceptions=True)
+    async def call() -> str:
+        try:
+            return await work()
+        except arl.IdempotencyInProgress as exc:
+            refusals.append(exc)
+            if len(refusals) == 99:
+                refused.set()
+            raise
+
+    results = await asyncio.gather(*(call() for _ in range(100)), return_exceptions=True)
     assert runs == 1
     assert results.count("done") == 1
     busy = [r for r in results if isinstance(r, arl.IdempotencyInProgress)]
@@ -79,7 +91,7 @@ async def test_100_concurrent_waiters_all_get_the_first_result(
     async def work() -> dict[str, int]:
         nonlocal runs
         runs += 1
-        await asyncio.sleep(0.2)
+        await asleep(backend, count=99)  # the others wait for this result
         return {"run": runs}
 
     results = await asyncio.gather(*(work() for _ in range(100)))
@@ -97,7 +109,7 @@ async def test_wait_is_woken_by_the_completion(
     @arl.idempotent(key=lambda n: key, lease=60.0, wait=True, backend=backend)
     async def work(n: int) -> int:
         started.set()
-        await asyncio.sleep(0.3)
+        await asleep(backend)  # the second call waits for this one's result
         return n
 
     first = asyncio.create_task(work(1))
@@ -119,8 +131,8 @@ async def test_waiter_runs_itself_after_the_first_call_raises(
     async def work(n: int) -> int:
         calls.append(n)
         started.set()
-        await asyncio.sleep(0.2)
         if n == 1:
+            await asleep(backend)  # the second call waits for this one's result
             raise RuntimeError("declined")
         return n
 
@@ -188,11 +200,12 @@ async def test_fingerprint_mismatch_runs_nothing(backend: arl.Backend, key: str)
 
 async def test_stale_owner_can_neither_complete_nor_release(backend: arl.Backend, key: str) -> None:
     """After its lease passed and another claimed the key, the old owner changes nothing."""
-    store = IdempotencyStore(backend, lease=0.5)
+    lease = pace(backend, network=0.5, memory=0.25)  # holds two claims (microseconds here)
+    store = IdempotencyStore(backend, lease=lease)
     stale = await store.claim(key, "fp")
     assert isinstance(stale, Claimed)
     assert isinstance(await store.claim(key, "fp"), InProgress)
-    await asyncio.sleep(0.7)
+    await asyncio.sleep(lease + pace(backend, network=0.2, memory=0.05))  # past the lease
     fresh = await store.claim(key, "fp")
     assert isinstance(fresh, Claimed)
     assert await store.renew(stale) is False
@@ -232,15 +245,18 @@ async def test_stale_decorated_call_does_not_overwrite_the_new_owner(
 async def test_lease_is_renewed_while_the_call_runs(backend: arl.Backend, key: str) -> None:
     """A call running for several leases keeps its key: duplicates stay InProgress."""
     store = IdempotencyStore(backend)
+    # Renewed every third of the lease, lost if a renewal comes two thirds of it late:
+    # 267 ms on memory:// (a call takes microseconds), 400 ms on a network.
+    lease = pace(backend, network=0.6, memory=0.4)
 
-    @arl.idempotent(key=lambda: key, lease=0.6, backend=backend)
+    @arl.idempotent(key=lambda: key, lease=lease, backend=backend)
     async def long() -> int:
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(lease * 2.5)
         return 7
 
     task = asyncio.create_task(long())
     for _ in range(2):
-        await asyncio.sleep(0.65)  # each probe comes after a whole lease
+        await asyncio.sleep(lease + 0.05)  # each probe comes after a whole lease
         assert isinstance(await store.claim(key), InProgress)
     assert await task == 7
     assert await store.claim(key) == Replay(key, b"7")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import pytest
+from pace import asleep
 from pydantic import BaseModel, ConfigDict, Field
 
 import aioratelimit as arl
@@ -189,7 +190,7 @@ async def test_a_waiting_duplicate_gets_result_not_stored(backend: arl.Backend, 
     async def slow() -> object:
         nonlocal runs
         runs += 1
-        await asyncio.sleep(0.2)
+        await asleep(backend)  # the duplicate waits for this result
         return {1, 2}
 
     first, second = await asyncio.gather(slow(), slow(), return_exceptions=True)

@@ -16,6 +16,7 @@ from typing import Any
 import loops
 import pytest
 import redis.asyncio as aredis
+from pace import asleep, pace
 from servers import RedisServer
 
 import aioratelimit as arl
@@ -297,11 +298,12 @@ async def test_timeout_waits_then_raises(backend: arl.Backend, key: str) -> None
     """A waiter gives up with LockTimeout once its timeout has passed, not before."""
     lk = arl.Lock(key, backend=backend)
     lease = await lk.acquire()
+    timeout = pace(backend, network=0.3, memory=0.1)  # (a bound: a stall only lengthens it)
     start = time.monotonic()
     with pytest.raises(arl.LockTimeout) as info:
-        await lk.acquire(timeout=0.3)
-    assert 0.29 <= time.monotonic() - start < 5  # (uvloop's timers: 1 ms resolution)
-    assert info.value.timeout == 0.3
+        await lk.acquire(timeout=timeout)
+    assert timeout - 0.01 <= time.monotonic() - start < 5  # (uvloop's timers: 1 ms resolution)
+    assert info.value.timeout == timeout
     await lease.release()
     assert not await lk.locked()
 
@@ -356,7 +358,7 @@ async def test_release_wakes_a_waiter_at_once(backend: arl.Backend, key: str) ->
             await lease.release()
 
         waiter = asyncio.create_task(wait())
-        await asyncio.sleep(0.2)  # the waiter has tried, subscribed and sleeps
+        await asleep(backend)  # the waiter has tried, subscribed and sleeps
         released = time.monotonic()
         await holder.release()
         handoffs.append(await got - released)
@@ -488,14 +490,16 @@ async def test_outer_cancellation_of_the_block_is_not_swallowed(
     LockLost) and releases the lock."""
     entered = asyncio.Event()
 
+    ttl = pace(backend, network=1.0, memory=0.3)
+
     async def body() -> None:
-        async with arl.lock(key, ttl=1, backend=backend):
+        async with arl.lock(key, ttl=ttl, backend=backend):
             entered.set()
             await asyncio.sleep(30)
 
     task = asyncio.create_task(body())
     await entered.wait()
-    await asyncio.sleep(0.5)  # a renewal has run
+    await asyncio.sleep(ttl / 2)  # a renewal has run (every third of the ttl)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -516,12 +520,15 @@ async def test_block_exception_propagates_and_releases(backend: arl.Backend, key
 async def test_renewal_keeps_a_lock_through_several_ttls_of_work(
     backend: arl.Backend, key: str
 ) -> None:
-    """With auto_renew, a 0.6 s-ttl lock stays held through 1.5 s of work (as the
+    """With auto_renew, a lock stays held through two and a half ttls of work (as the
     semaphore's slot in test_semaphore.py); nobody else gets it."""
-    lk = arl.Lock(key, ttl=0.6, backend=backend)
-    async with arl.lock(key, ttl=0.6, backend=backend) as lease:
+    # Renewed every third of the ttl, lost if a renewal comes later than a tenth before
+    # its end: 227 ms late on memory:// (a call takes microseconds), 340 ms on a network.
+    ttl = pace(backend, network=0.6, memory=0.4)
+    lk = arl.Lock(key, ttl=ttl, backend=backend)
+    async with arl.lock(key, ttl=ttl, backend=backend) as lease:
         for _ in range(6):
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(ttl * 2.5 / 6)
             with pytest.raises(arl.LockTimeout):
                 await lk.acquire(timeout=0)
         fence = lease.fencing_token
@@ -539,8 +546,10 @@ async def test_lock_taken_by_another_cancels_the_block(backend: arl.Backend, key
         await delete(backend, lock_keys(backend, key)[0])
         thief.append(await arl.Lock(key, ttl=30, backend=backend).acquire(timeout=0))
 
+    ttl = pace(backend, network=1.0, memory=0.3)  # the next renewal notices, ttl/3 later
+
     async def block() -> None:
-        async with arl.lock(key, ttl=1, backend=backend):
+        async with arl.lock(key, ttl=ttl, backend=backend):
             await asyncio.sleep(10)
             raise AssertionError("the block ran to its end")
 
@@ -561,9 +570,13 @@ async def test_blocking_pause_longer_than_ttl_raises_lock_lost(
     """A block that blocks the event loop longer than the ttl is cancelled at its next await
     and LockLost is raised."""
 
+    ttl = pace(backend, network=0.5, memory=0.2)  # (entering the block takes microseconds)
+
     async def block() -> None:
-        async with arl.lock(key, ttl=0.5, backend=backend):
-            time.sleep(0.8)  # noqa: ASYNC251  (the point: the loop cannot renew)
+        async with arl.lock(key, ttl=ttl, backend=backend):
+            # (the point: the loop cannot renew; on memory:// the lock expires on this
+            # process's clock, across a network on the server's)
+            time.sleep(ttl + pace(backend, network=0.3, memory=0.1))  # noqa: ASYNC251
             await asyncio.sleep(10)
 
     start = time.monotonic()
@@ -611,9 +624,10 @@ async def test_release_by_hand_inside_the_block_stops_renewal(
     backend: arl.Backend, key: str
 ) -> None:
     """Releasing the lease inside the block is fine: no LockLost, renewal stops."""
-    async with arl.lock(key, ttl=0.3, backend=backend) as lease:
+    ttl = pace(backend, network=0.3, memory=0.15)
+    async with arl.lock(key, ttl=ttl, backend=backend) as lease:
         await lease.release()
-        await asyncio.sleep(0.4)
+        await asyncio.sleep(ttl + 0.1)  # three renewals would have come
     assert not await arl.Lock(key, backend=backend).locked()
 
 

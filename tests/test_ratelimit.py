@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
+from pace import pace
 
 import aioratelimit as arl
 from aioratelimit._rates import new_decision
@@ -276,12 +277,13 @@ async def test_decisions_are_true_frozen_dataclasses(backend: arl.Backend, key: 
 
 
 #: Windows about the millisecond and off it (whole µs), alone and together (limits apart,
-#: so the reported rate is known by its limit; a TokenBucket takes one rate).
+#: so the reported rate is known by its limit; a TokenBucket takes one rate). The bounds
+#: hold at any pace; the longest window sets how long the test sleeps (about three of them).
 BOUNDED = [
     [arl.Rate(3, 0.002)],
     [arl.Rate(2, 0.0015)],
-    [arl.Rate(5, 0.0333), arl.Rate(9, 0.25)],
-    [arl.Rate(1, 0.001001), arl.Rate(4, 0.0105), arl.Rate(7, 0.4)],
+    [arl.Rate(5, 0.0333), arl.Rate(9, 0.1)],
+    [arl.Rate(1, 0.001001), arl.Rate(4, 0.0105), arl.Rate(7, 0.05)],
 ]
 
 
@@ -382,7 +384,10 @@ async def test_sliding_window_never_exceeds_the_limit_in_any_interval(
     """Under random traffic no interval of length window holds more than limit admitted."""
     seed = f"{key}-{buckets}"
     rng = random.Random(seed)
-    limit, window_us = 6, 250_000
+    # Three windows of random bursts; each admission is timed by the store's own clock. It
+    # goes past the limit unless a pause of about two windows leaves one window's traffic:
+    # 200 ms on memory:// (no network), 500 ms on a network.
+    limit, window_us = 6, pace(backend, network=250_000, memory=100_000)
     limiter = arl.SlidingWindow(arl.Rate(limit, window_us / 1e6), buckets=buckets, backend=backend)
     recorder = Recorder(backend)
     costs: list[int] = []
@@ -496,7 +501,7 @@ async def test_wait_with_a_short_timeout_raises_at_once(
 
 async def test_wait_within_the_timeout_succeeds(backend: arl.Backend, make: Make, key: str) -> None:
     """``wait=True`` with a timeout longer than retry_after is admitted."""
-    limiter = make("1/200ms", backend)
+    limiter = make(pace(backend, network="1/200ms", memory="1/100ms"), backend)
     await limiter.hit(key)
     decision = await limiter.acquire(key, wait=True, timeout=5)
     assert decision.allowed
@@ -540,7 +545,8 @@ async def test_decorator_with_a_str_key_and_cost(backend: arl.Backend, key: str)
 
 async def test_decorator_with_wait(backend: arl.Backend, key: str) -> None:
     """``@limiter.limit(..., wait=True)`` waits for its turn instead of raising."""
-    limiter = arl.SlidingWindow("1/200ms", buckets=4, backend=backend)
+    rate = pace(backend, network="1/200ms", memory="1/100ms")
+    limiter = arl.SlidingWindow(rate, buckets=4, backend=backend)
 
     @limiter.limit(key=key, wait=True, timeout=5)
     async def work(n: int) -> int:
@@ -595,7 +601,7 @@ async def test_memory_never_runs_backwards_when_the_wall_clock_steps_back(
     stepped back 30 s (NTP, a VM resumed) between hits, no decision reports a reset or a
     retry beyond its window (a SlidingWindow's: the window plus one sub-window), and a
     denied key is admitted again once its window has passed."""
-    window = 0.4
+    window = 0.25  # holds the four hits below (microseconds on memory://)
     async with arl.Backend.from_url("memory://") as backend:
         limiter = make(f"2/{int(window * 1000)}ms", backend)
         assert (await limiter.hit(key)).allowed

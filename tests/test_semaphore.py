@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import pytest
+from pace import asleep, pace
 
 import aioratelimit as arl
 from aioratelimit import _keys, _scripts
@@ -74,11 +75,12 @@ async def test_full_semaphore_times_out(backend: arl.Backend, key: str) -> None:
     with pytest.raises(arl.LockTimeout) as info:
         await sem.acquire(timeout=0)
     assert info.value.name == key
+    timeout = pace(backend, network=0.2, memory=0.1)  # (a bound: a stall only lengthens it)
     start = time.monotonic()
     with pytest.raises(arl.LockTimeout):
-        async with arl.semaphore(key, limit=2, timeout=0.2, backend=backend):
+        async with arl.semaphore(key, limit=2, timeout=timeout, backend=backend):
             pass
-    assert 0.19 <= time.monotonic() - start < 5  # (uvloop's timers: 1 ms resolution)
+    assert timeout - 0.01 <= time.monotonic() - start < 5  # (uvloop's timers: 1 ms resolution)
     for lease in held:
         await lease.release()
     assert await sem.holders() == 0
@@ -91,7 +93,7 @@ async def test_release_wakes_a_waiter_at_once(backend: arl.Backend, key: str) ->
     for _ in range(3):
         holder = await sem.acquire()
         waiter = asyncio.create_task(sem.acquire(timeout=10))
-        await asyncio.sleep(0.2)
+        await asleep(backend)  # the waiter has tried, subscribed and sleeps
         released = time.monotonic()
         await holder.release()
         lease = await waiter
@@ -198,11 +200,14 @@ async def test_lost_slot_cancels_the_block(backend: arl.Backend, key: str) -> No
 
 
 async def test_renewal_keeps_the_slot(backend: arl.Backend, key: str) -> None:
-    """With auto_renew, a 0.6 s-ttl slot stays held through 1.5 s of work."""
+    """With auto_renew, a slot stays held through two and a half ttls of work."""
+    # Renewed every third of the ttl, lost if a renewal comes later than a tenth before
+    # its end: 227 ms late on memory:// (a call takes microseconds), 340 ms on a network.
+    ttl = pace(backend, network=0.6, memory=0.4)
     sem = arl.Semaphore(key, limit=1, backend=backend)
-    async with arl.semaphore(key, limit=1, ttl=0.6, backend=backend):
+    async with arl.semaphore(key, limit=1, ttl=ttl, backend=backend):
         for _ in range(3):
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(ttl * 2.5 / 3)
             assert await sem.holders() == 1
     assert await sem.holders() == 0
 

@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 import redis
+from pace import pace
 from servers import RedisServer
 
 import aioratelimit as arl
@@ -41,10 +42,12 @@ async def test_200_concurrent_consumers_get_exactly_one_true(backend: arl.Backen
 
 async def test_expired_token_is_rejected(backend: arl.Backend) -> None:
     """A token is rejected once its ttl has passed, and was accepted before that."""
-    early = await arl.issue_token(ttl=0.6, backend=backend)
-    late = await arl.issue_token(ttl=0.6, backend=backend)
+    ttl = pace(backend, network=0.6, memory=0.3)  # holds three calls (microseconds here)
+    early = await arl.issue_token(ttl=ttl, backend=backend)
+    late = await arl.issue_token(ttl=ttl, backend=backend)
     assert await arl.consume_token(early, backend=backend) is True
-    await asyncio.sleep(0.8)
+    # Past the ttl: on memory:// by this process's own clock, across a network the server's.
+    await asyncio.sleep(ttl + pace(backend, network=0.2, memory=0.05))
     assert await arl.consume_token(late, backend=backend) is False
 
 

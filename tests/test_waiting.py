@@ -16,20 +16,28 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pace import pace
 
 import aioratelimit as arl
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_waiting.py"
 
-KINDS: dict[str, Callable[[arl.Backend], arl.Limiter]] = {
-    "fixed": lambda b: arl.FixedWindow("5/100ms", backend=b),
-    "sliding": lambda b: arl.SlidingWindow("5/100ms", backend=b),
-    "token": lambda b: arl.TokenBucket("5/100ms", burst=1, backend=b),
+
+def rate(b: arl.Backend) -> str:
+    """The waiters' rate: a window of 50 ms on memory:// (a call takes microseconds, and a
+    waiter late from its sleep finds room, never a fuller window), 100 ms on a network."""
+    return pace(b, network="5/100ms", memory="5/50ms")
+
+
+KINDS: dict[str, Callable[[arl.Backend, str], arl.Limiter]] = {
+    "fixed": lambda b, r: arl.FixedWindow(r, backend=b),
+    "sliding": lambda b, r: arl.SlidingWindow(r, backend=b),
+    "token": lambda b, r: arl.TokenBucket(r, burst=1, backend=b),
 }
 BLOCKABLE: dict[str, Callable[[arl.Backend], arl.Limiter]] = {
-    "fixed": lambda b: arl.FixedWindow("5/100ms", backend=b, blockable=True),
-    "sliding": lambda b: arl.SlidingWindow("5/100ms", backend=b, blockable=True),
-    "token": lambda b: arl.TokenBucket("5/100ms", burst=1, backend=b, blockable=True),
+    "fixed": lambda b: arl.FixedWindow(rate(b), backend=b, blockable=True),
+    "sliding": lambda b: arl.SlidingWindow(rate(b), backend=b, blockable=True),
+    "token": lambda b: arl.TokenBucket(rate(b), burst=1, backend=b, blockable=True),
 }
 #: what uses the limit up before the waiters come
 FULL = {"fixed": 5, "sliding": 5, "token": 1}
@@ -95,7 +103,7 @@ async def test_waiters_cost_at_most_two_calls_each_and_go_in_order(
 ) -> None:
     """12 waiters on a used-up key: a TokenBucket's cost exactly one script call each (a
     booking), a window's at most two; each is admitted in the order it asked."""
-    limiter = KINDS[kind](counted.backend)
+    limiter = KINDS[kind](counted.backend, rate(counted.backend))
     assert (await limiter.hit(key, FULL[kind])).allowed
     counted.calls = 0
     admitted: list[int] = []
@@ -122,7 +130,8 @@ async def test_a_cancelled_booking_gives_its_slot_back(counted: Counted, key: st
     bucket = arl.TokenBucket("1/2s", backend=counted.backend)
     assert (await bucket.hit(key)).allowed
     first = asyncio.create_task(bucket.acquire(key, wait=True))
-    await asyncio.sleep(0.5)  # (ample for the booking's round trip; it then sleeps ~2 s)
+    # Ample for the booking's round trip (none on memory://); it then sleeps ~2 s.
+    await asyncio.sleep(pace(counted.backend, network=0.5, memory=0.25))
     assert counted.calls == 2  # the hit, then the booking
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -137,7 +146,10 @@ async def test_a_waiter_behind_the_head_times_out_in_the_line(
 ) -> None:
     """A waiter queued behind the head raises RateLimited once its timeout has passed (a
     bound, with a generous margin), and the line goes on without it."""
-    limiter = KINDS[kind](counted.backend)
+    # 100 ms on every store: the line must still hold this waiter when its 10 ms are up,
+    # even when it comes late after the hit (the window ends 100 ms after it, the second
+    # token of a TokenBucket comes 40 ms after it).
+    limiter = KINDS[kind](counted.backend, "5/100ms")
     assert (await limiter.hit(key, FULL[kind])).allowed
     head = asyncio.create_task(limiter.acquire(key, wait=True, timeout=30))
     await asyncio.sleep(0)
@@ -154,7 +166,7 @@ async def test_a_blocked_key_keeps_its_waiters_until_the_block_ends(
 ) -> None:
     """Waiters of a blocked key sleep through the block (no polling), then get in."""
     limiter = BLOCKABLE[kind](counted.backend)
-    await limiter.block(key, 0.2)
+    await limiter.block(key, pace(counted.backend, network=0.2, memory=0.1))
     counted.calls = 0
     decisions = await asyncio.gather(
         *(limiter.acquire(key, wait=True, timeout=30) for _ in range(3))
