@@ -10,10 +10,13 @@ from its fixtures and its ``backend``, ``store_url`` or ``deployment`` parameter
 marks by hand): ``redis`` (a standalone server), ``cluster``, ``sentinel``, as many as it
 uses, or ``memory`` when it needs none (memory:// parameters, pure unit tests). So:
 
-    pytest -m memory               no server at all (35-40 s on two quiet cores, where it
-                                   took 61-65 s before the shorter waits on memory://
-                                   of pace.py, and 200 s before the quick profile and the
-                                   jobs below)
+    pytest -m memory               no server at all, on four pytest-xdist workers
+                                   (MEMORY_LANE_WORKERS below): 21-25 s on two quiet
+                                   cores (27-33 s with PYTHONDONTWRITEBYTECODE=1, when
+                                   pytest rewrites the asserts in every process anew);
+                                   36-39 s in one process (-n 0), where it took
+                                   61-65 s before the shorter waits on memory:// of
+                                   pace.py, and 200 s before the quick profile and jobs
     pytest -m "memory or redis"    the standalone lane
     pytest                         everything (scripts/test runs the lanes)
 
@@ -68,6 +71,21 @@ if loops.FACTORY is not None:
     ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
         """Every async test on a new loop of the selected kind (one factory: same test ids)."""
         return _LOOP_FACTORIES
+
+
+#: The workers of ``pytest -m memory`` (pyproject's ``-n auto``: pytest-xdist asks the hook
+#: below): the lane's time is mostly timers that tests wait out, which workers wait side by
+#: side; four keep two cores busy (three or six did no better, measured side by side).
+MEMORY_LANE_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject's addopts): ``MEMORY_LANE_WORKERS`` for exactly ``-m memory``,
+    else none, so one process runs the tests (every lane with servers shares them per
+    session; ``-n N`` on the command line still chooses for itself)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):  # pytest-xdist's own override
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    return MEMORY_LANE_WORKERS if str(config.option.markexpr).strip() == "memory" else 0
 
 
 def pytest_configure(config: pytest.Config) -> None:

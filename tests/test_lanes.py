@@ -46,3 +46,18 @@ def test_a_memory_test_cannot_start_a_server() -> None:
         assert server.proc is None
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(
+    ("markexpr", "workers"),
+    [("memory", 4), (" memory ", 4), ("memory or redis", 0), ("", 0), ("redis", 0)],
+)
+def test_only_the_memory_lane_spreads_over_workers(
+    markexpr: str, workers: int, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pyproject's ``-n auto`` asks conftest how many pytest-xdist workers to start: four for
+    ``pytest -m memory`` (its timers waited out side by side), none for any lane with
+    servers (one process shares them) or for a whole run."""
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    monkeypatch.setattr(request.config.option, "markexpr", markexpr)
+    assert request.config.hook.pytest_xdist_auto_num_workers(config=request.config) == workers
