@@ -152,6 +152,8 @@ class Cases:
         self.raw, self.sha, self.backend, self.prefix = raw, sha, backend, prefix
         #: the deployment: redis-benchmark's (a cluster's seeds, for ``--cluster``)
         self.url, self.cluster = url, cluster
+        #: what the deployment's figures are named with: "" standalone, else ``CLUSTER``
+        self.on = CLUSTER if cluster else ""
         self.limiters = {
             "FixedWindow": arl.FixedWindow(RATE, backend=backend),
             "SlidingWindow": arl.SlidingWindow(RATE, backend=backend),
@@ -229,8 +231,9 @@ async def rate(op: Op, tasks: int) -> tuple[float, float]:
     return n / (perf() - start), (time.process_time() - cpu) * 1e6 / n
 
 
-def crowds(cases: Cases, rep: int, on: str) -> list[tuple[str, Op, int]]:
-    """The conditions with tasks on ``cases``' deployment (names prefixed by ``on``)."""
+def crowds(cases: Cases, rep: int) -> list[tuple[str, Op, int]]:
+    """The conditions with tasks on ``cases``' deployment (names prefixed by ``cases.on``)."""
+    on = cases.on
     return [
         *((f"{on}raw|{n}", cases.floor(f"{on}c{rep}{n}"), n) for n in (*LOW, 64)),
         *(
@@ -244,8 +247,9 @@ def crowds(cases: Cases, rep: int, on: str) -> list[tuple[str, Op, int]]:
     ]
 
 
-async def sequential(cases: Cases, rep: int, on: str) -> dict[str, float]:
+async def sequential(cases: Cases, rep: int) -> dict[str, float]:
     """The sequential conditions on ``cases``' deployment, interleaved: calls per second."""
+    on = cases.on
     seq = await interleave(
         {
             "raw": cases.floor(f"{on}s{rep}"),
@@ -271,15 +275,14 @@ async def repetition(
         rps = redis_benchmark(cases.url, command, 50, CEILING_PIPELINE, CEILING_N)
         if rps is not None:
             figures[f"limit|{name}"] = rps
-    deployments = [(cases, "")] + ([(cluster, CLUSTER)] if cluster is not None else [])
     conditions: list[tuple[Cases, str, Op, int]] = []
-    for where, on in deployments:
-        if on:
+    for where in [cases] + ([cluster] if cluster is not None else []):
+        if where.cluster:
             rps = c_client(where, 50)
             if rps is not None:
-                figures[f"{on}C -c 50"] = rps
-        figures.update(await sequential(where, rep, on))
-        conditions += [(where, *crowd) for crowd in crowds(where, rep, on)]
+                figures[f"{where.on}C -c 50"] = rps
+        figures.update(await sequential(where, rep))
+        conditions += [(where, *crowd) for crowd in crowds(where, rep)]
         where.tokens.clear()
         await fan_out(where.issue, 64, math.prod(shape(64)))(0)
     # The crowds, each condition in turn, in a rotating order.
@@ -305,9 +308,9 @@ def report(reps: list[dict[str, float]], has_c: bool, has_cluster: bool) -> None
         """The C client -c 50 run right before ``key``'s crowd (else the repetition's)."""
         return col(f"C -c 50|{key}") if f"C -c 50|{key}" in reps[0] else c50
 
-    def rows_on(on: str, c1: list[float]) -> list[list[str]]:
+    def rows_on(on: str) -> list[list[str]]:
         """The table of one deployment (``on``: "" standalone, CLUSTER), against the C
-        client (``c1``: its ``-c 1`` runs, if any) and the raw floor on it."""
+        client (standalone: its ``-c 1`` runs too) and the raw floor on it."""
         rows: list[list[str]] = []
 
         def row(label: str, key: str, us: bool = False) -> None:
@@ -349,14 +352,14 @@ def report(reps: list[dict[str, float]], has_c: bool, has_cluster: bool) -> None
     print_table(
         f"Decisions per second, medians of {REPS} repetitions (min-max)",
         ["condition", "µs/decision", "decisions/s", "÷ C -c 1", "÷ C -c 50", "÷ raw (same tasks)"],
-        rows_on("", c1),
+        rows_on(""),
     )
     if has_cluster:
         print_table(
             f"On the 3+3 cluster: decisions per second, medians of {REPS} repetitions (min-max)",
             ["condition", "µs/decision", "decisions/s", "÷ C --cluster -c 50",
              "÷ raw RedisCluster (same tasks)"],
-            rows_on(CLUSTER, []),
+            rows_on(CLUSTER),
         )  # fmt: skip
     low = [
         [f"{n} tasks", ratio(paired_ratio(col(f"FixedWindow|{n}"), col(f"raw|{n}")))] for n in LOW

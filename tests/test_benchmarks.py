@@ -14,10 +14,12 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import loops
 import pytest
 import redis
+from cluster_fixtures import sync_client
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SCRIPTS = sorted(BENCHMARKS.glob("bench_*.py"))
@@ -31,11 +33,7 @@ def bench_keys(client: redis.Redis) -> set[bytes]:
 
 def cluster_bench_keys(url: str) -> set[bytes]:
     """``bench_keys`` on every master of the cluster at ``url``."""
-    seeds = [
-        redis.cluster.ClusterNode(host, int(port))  # type: ignore[no-untyped-call]
-        for host, port in (seed.split(":") for seed in url.partition("://")[2].split(","))
-    ]
-    with redis.RedisCluster(startup_nodes=seeds) as client:
+    with cast(redis.RedisCluster, sync_client(url)) as client:
         return {
             key
             for node in client.get_primaries()
