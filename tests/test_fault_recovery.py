@@ -33,6 +33,7 @@ from pace import pace
 import aioratelimit as arl
 from aioratelimit import _scripts
 from aioratelimit._idempotency import Claimed, IdempotencyStore, InProgress
+from aioratelimit._stores.pubsub import DedicatedPubSub
 
 #: The backend's reply timeout and connect timeout in these tests (seconds).
 TIMEOUT = 1.0
@@ -331,6 +332,34 @@ async def test_probes_keep_a_healthy_subscriber(
     await lease.release()
     broken = [r.getMessage() for r in caplog.records if "reconnecting" in r.getMessage()]
     assert not broken, broken
+
+
+# -- 5. a subscriber closed mid-call leaves no socket ------------------------------------
+
+
+async def test_a_subscriber_closed_under_its_reader_leaves_no_socket_open(
+    proxy: FaultProxy,
+) -> None:
+    """The Notifier closes a subscriber after a failure while its reader task may still be
+    inside ``get_message`` on it. redis-py reconnects a connection that broke under a read
+    by itself: that new socket must not outlive the closed subscriber (nobody would read or
+    close it; the garbage collector would, with a ResourceWarning)."""
+    import redis.asyncio as aredis
+
+    client = aredis.Redis.from_url(proxy.url, socket_connect_timeout=CONNECT_TIMEOUT)
+    try:
+        sub = DedicatedPubSub(client)
+        await sub.subscribe("arl-test-closing")
+        await sub.get_message(ignore_subscribe_messages=False, timeout=1.0)  # confirmed
+        reading = asyncio.ensure_future(
+            sub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+        )
+        await asyncio.sleep(0.1)  # waiting for a message on the connection
+        await sub.aclose()
+        await _timed(asyncio.gather(reading, return_exceptions=True))
+        await _until(lambda: proxy.stats().open == 0, "every subscriber socket closed", 3.0)
+    finally:
+        await client.aclose()
 
 
 # -- what may be sent again -----------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from redis import exceptions as redis_errors
@@ -60,11 +61,8 @@ class ShardedPubSub:
         for address in self._store.candidates(await self._store.owner(channel)):
             try:
                 pubsub = self._node(address)
-                await pubsub.ssubscribe(channel)
+                await self._guarded(address, pubsub, pubsub.ssubscribe(channel))
                 if self._nodes.get(address) is not pubsub:
-                    # Dropped (or this subscriber closed) while it connected: a socket that
-                    # opened after the drop would leak, and nobody reads it.
-                    await _close_pubsub(pubsub)
                     raise redis_errors.ConnectionError("the subscriber was closed meanwhile")
                 if address not in self._readers:
                     reader = asyncio.get_running_loop().create_task(self._read(address, pubsub))
@@ -83,9 +81,9 @@ class ShardedPubSub:
     async def unsubscribe(self, channel: str) -> None:
         address = self._where.pop(channel, None)
         pubsub = self._nodes.get(address) if address is not None else None
-        if pubsub is not None:
+        if address is not None and pubsub is not None:
             self._leaving.add(channel)
-            await pubsub.sunsubscribe(channel)
+            await self._guarded(address, pubsub, pubsub.sunsubscribe(channel))
 
     async def probe(self) -> None:
         """Raise ``ConnectionError`` if a node connection got no message back since the
@@ -101,7 +99,7 @@ class ShardedPubSub:
             pubsub = self._nodes.get(address)
             if pubsub is not None:
                 self._owed.add(address)
-                await pubsub.ssubscribe(channel)
+                await self._guarded(address, pubsub, pubsub.ssubscribe(channel))
 
     async def get_message(
         self, *, ignore_subscribe_messages: bool, timeout: float
@@ -156,6 +154,16 @@ class ShardedPubSub:
         except Exception as exc:
             self._store.suspect(address)
             self._inbox.put_nowait(exc)
+
+    async def _guarded(self, address: Address, pubsub: Any, call: Awaitable[None]) -> None:
+        """Run one call on a node's PubSub; if that PubSub was dropped (or this subscriber
+        closed) meanwhile, close it again: a socket redis-py opened under the call after
+        the drop would be read and closed by nobody."""
+        try:
+            await call
+        finally:
+            if self._nodes.get(address) is not pubsub:
+                await _close_pubsub(pubsub)
 
     async def _drop(self, address: Address) -> None:
         reader = self._readers.pop(address, None)

@@ -9,10 +9,14 @@ connects afresh (to the promoted master, behind Sentinel).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from .base import REDIS_PY, ClientErrors, translate
+
+T = TypeVar("T")
 
 
 class DedicatedPubSub:
@@ -54,15 +58,12 @@ class DedicatedPubSub:
         return bool(self._pubsub.subscribed)
 
     async def subscribe(self, channel: str) -> None:
-        await self._pubsub.subscribe(channel)
+        await self._guarded(self._pubsub.subscribe(channel))
         if self._closed:
-            # Closed while it connected (the Notifier dropped it after a failure): the
-            # connection opened after aclose(), and nobody will read or close it.
-            await self.aclose()
             raise ConnectionError("the subscriber was closed while subscribing")
 
     async def unsubscribe(self, channel: str) -> None:
-        await self._pubsub.unsubscribe(channel)
+        await self._guarded(self._pubsub.unsubscribe(channel))
 
     async def probe(self) -> None:
         """Raise ``ConnectionError`` if the last probe got no message back since; else send
@@ -73,12 +74,14 @@ class DedicatedPubSub:
         channels = list(self._pubsub.channels)
         if channels:
             self._owed = True
-            await self._pubsub.subscribe(channels[0])
+            await self._guarded(self._pubsub.subscribe(channels[0]))
 
     async def get_message(self, *, ignore_subscribe_messages: bool, timeout: float) -> Any:
         try:
-            msg = await self._pubsub.get_message(
-                ignore_subscribe_messages=ignore_subscribe_messages, timeout=timeout
+            msg = await self._guarded(
+                self._pubsub.get_message(
+                    ignore_subscribe_messages=ignore_subscribe_messages, timeout=timeout
+                )
             )
         except self._refused as exc:  # the server refused a subscription: say why
             raise translate(exc, None, self._errors) from exc
@@ -86,8 +89,26 @@ class DedicatedPubSub:
             self._owed = False  # it answers
         return msg
 
+    async def _guarded(self, call: Awaitable[T]) -> T:
+        """Run one redis-py call; if the subscriber was closed meanwhile, close again.
+
+        The Notifier closes a subscriber after a failure while another of its tasks may be
+        inside a call on it (the reader in ``get_message``, a SUBSCRIBE connecting), and
+        redis-py opens a new connection by itself when one breaks under a call (its retry,
+        its reads). Such a socket opened after ``aclose`` would be read and closed by
+        nobody; closing here, after the call, is what leaves none behind."""
+        try:
+            return await call
+        finally:
+            if self._closed:
+                with contextlib.suppress(Exception):  # the call's own outcome matters more
+                    await self._shut()
+
     async def aclose(self) -> None:
         self._closed = True
+        await self._shut()
+
+    async def _shut(self) -> None:
         # No TLS goodbye: redis-py waits for one at most connect_timeout and then leaves
         # the transport half-closed, and a loop shutting down never finishes it (its socket
         # is then left to the garbage collector). Abort the stream first; redis-py offers no
