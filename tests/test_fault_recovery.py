@@ -9,7 +9,9 @@ real server (issue 15, items 1-4):
 3. an acquire with ``timeout=t`` returns or raises within ``t`` + the backend's timeout
    (+ a margin for a loaded machine), whatever the network does;
 4. a half-open subscriber (no error, no message) is noticed by its probes and subscribed
-   again, and waiters get their wake-ups again.
+   again, and waiters get their wake-ups again;
+5. a subscriber closed while its reader is inside a call on it leaves no socket open (the
+   socket redis-py reconnects under that call is closed too).
 
 The cluster's and Sentinel's nodes advertise their own addresses, so the proxy stands in
 front of a standalone server only; what differs there (the cluster's subscriber probes one
