@@ -152,8 +152,6 @@ class Cases:
         self.raw, self.sha, self.backend, self.prefix = raw, sha, backend, prefix
         #: the deployment: redis-benchmark's (a cluster's seeds, for ``--cluster``)
         self.url, self.cluster = url, cluster
-        #: what the deployment's figures are named with: "" standalone, else ``CLUSTER``
-        self.on = CLUSTER if cluster else ""
         self.limiters = {
             "FixedWindow": arl.FixedWindow(RATE, backend=backend),
             "SlidingWindow": arl.SlidingWindow(RATE, backend=backend),
@@ -180,6 +178,11 @@ class Cases:
         (command,) = seen
         assert any(MARK in part for part in command), command
         return [part.replace(MARK, "__rand_int__") for part in command]
+
+    @property
+    def on(self) -> str:
+        """What the deployment's figures are named with: "" standalone, else ``CLUSTER``."""
+        return CLUSTER if self.cluster else ""
 
     def floor(self, tag: str) -> Op:
         evalsha, sha, key = self.raw.evalsha, self.sha, f"{self.prefix}:floor:{tag}:"

@@ -80,8 +80,10 @@ class ShardedPubSub:
 
     async def unsubscribe(self, channel: str) -> None:
         address = self._where.pop(channel, None)
-        pubsub = self._nodes.get(address) if address is not None else None
-        if address is not None and pubsub is not None:
+        if address is None:
+            return
+        pubsub = self._nodes.get(address)
+        if pubsub is not None:
             self._leaving.add(channel)
             await self._guarded(address, pubsub, pubsub.sunsubscribe(channel))
 
