@@ -170,7 +170,7 @@ async def test_fingerprint_mismatch_runs_nothing(backend: arl.Backend, key: str)
     """The same key with another fingerprint raises IdempotencyKeyMismatch and runs nothing,
     whether the first call completed or still runs."""
     runs: list[int] = []
-    release = asyncio.Event()
+    running, release = asyncio.Event(), asyncio.Event()
 
     @arl.idempotent(
         key=lambda k, amount: k, fingerprint=lambda k, amount: str(amount), backend=backend
@@ -178,6 +178,7 @@ async def test_fingerprint_mismatch_runs_nothing(backend: arl.Backend, key: str)
     async def charge(k: str, amount: int) -> int:
         runs.append(amount)
         if k.endswith("slow"):
+            running.set()
             await release.wait()
         return amount
 
@@ -188,7 +189,7 @@ async def test_fingerprint_mismatch_runs_nothing(backend: arl.Backend, key: str)
     assert await charge(key, 100) == 100
 
     slow = asyncio.create_task(charge(f"{key}-slow", 5))
-    await asyncio.sleep(0.05)
+    await running.wait()  # it has claimed the key (a fixed pause could come before the claim)
     with pytest.raises(arl.IdempotencyKeyMismatch):
         await charge(f"{key}-slow", 6)
     with pytest.raises(arl.IdempotencyInProgress):

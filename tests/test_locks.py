@@ -540,9 +540,12 @@ async def test_lock_taken_by_another_cancels_the_block(backend: arl.Backend, key
     """If the key is deleted and another client takes the lock, the renewal notices, the
     block is cancelled and LockLost is raised; the other holder keeps its lock."""
     thief: list[arl.Lease] = []
+    entered = asyncio.Event()
 
     async def steal() -> None:
-        await asyncio.sleep(0.1)
+        # Only once the block holds the lock: a fixed pause lost the race to a slow first
+        # acquire on a loaded cluster (the delete came first, the thief found it held).
+        await entered.wait()
         await delete(backend, lock_keys(backend, key)[0])
         thief.append(await arl.Lock(key, ttl=30, backend=backend).acquire(timeout=0))
 
@@ -550,6 +553,7 @@ async def test_lock_taken_by_another_cancels_the_block(backend: arl.Backend, key
 
     async def block() -> None:
         async with arl.lock(key, ttl=ttl, backend=backend):
+            entered.set()
             await asyncio.sleep(10)
             raise AssertionError("the block ran to its end")
 

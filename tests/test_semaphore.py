@@ -186,15 +186,21 @@ async def test_lost_slot_cancels_the_block(backend: arl.Backend, key: str) -> No
     """If the holders are wiped while a block runs, renewal fails, the block is cancelled
     and LockLost is raised."""
 
+    entered = asyncio.Event()
+
     async def wipe() -> None:
-        await asyncio.sleep(0.1)
+        await entered.wait()  # only once the slot is held (as in test_locks.py)
         await backend.run(_scripts.DELETE, list(sem_keys(backend, key)[:2]), ())
+
+    async def block() -> None:
+        async with arl.semaphore(key, limit=2, ttl=0.6, backend=backend):
+            entered.set()
+            await asyncio.sleep(10)
 
     wiper = asyncio.create_task(wipe())
     start = time.monotonic()
     with pytest.raises(arl.LockLost):
-        async with arl.semaphore(key, limit=2, ttl=0.6, backend=backend):
-            await asyncio.sleep(10)
+        await block()
     await wiper
     assert time.monotonic() - start < 5
 
