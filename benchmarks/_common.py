@@ -140,7 +140,7 @@ def delete_cluster_prefix(url: str, prefix: str) -> int:
     """UNLINK every key under ``prefix`` on every master (SCAN per node, never KEYS)."""
     import redis
 
-    nodes = [redis.cluster.ClusterNode(h, p) for h, p in cluster_hosts(url)]  # type: ignore[no-untyped-call]
+    nodes = [redis.cluster.ClusterNode(h, p) for h, p in cluster_hosts(url)]
     deleted = 0
     with redis.RedisCluster(startup_nodes=nodes) as client:
         for node in client.get_primaries():

@@ -283,12 +283,12 @@ def sync_client(url: str) -> redis.Redis:
     hosts, _, service = rest.partition("/")
     addresses = [(h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1])) for h in hosts.split(",")]
     if scheme == "redis+cluster":
-        nodes = [redis.cluster.ClusterNode(h, p) for h, p in addresses]  # type: ignore[no-untyped-call]
+        nodes = [redis.cluster.ClusterNode(h, p) for h, p in addresses]
         # Typed as Redis for the tests that inspect keys: the key commands are the same.
         return redis.RedisCluster(startup_nodes=nodes)  # type: ignore[return-value]
-    sentinel = redis.sentinel.Sentinel(addresses, socket_timeout=1)  # type: ignore[no-untyped-call]
+    sentinel = redis.sentinel.Sentinel(addresses, socket_timeout=1)
     try:
-        host, port = sentinel.discover_master(service)  # type: ignore[no-untyped-call]
+        host, port = sentinel.discover_master(service)
     finally:
         for each in sentinel.sentinels:
             each.close()

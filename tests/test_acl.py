@@ -220,9 +220,9 @@ def data_nodes(url: str) -> list[tuple[str, int]]:
     hosts = [(h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1])) for h in parts.netloc.split(",")]
     if parts.scheme == "redis+cluster":
         return hosts
-    sentinel = redis.sentinel.Sentinel(hosts, socket_timeout=2)  # type: ignore[no-untyped-call]
+    sentinel = redis.sentinel.Sentinel(hosts, socket_timeout=2)
     try:
-        host, port = sentinel.discover_master(parts.path.strip("/"))  # type: ignore[no-untyped-call]
+        host, port = sentinel.discover_master(parts.path.strip("/"))
     finally:
         for each in sentinel.sentinels:
             each.close()

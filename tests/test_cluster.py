@@ -139,7 +139,7 @@ async def test_backend_wraps_an_application_sentinel_master_client(sentinel_url:
     from redis.asyncio.sentinel import Sentinel
 
     service = sentinel_url.rsplit("/", 1)[1]
-    sentinel = Sentinel(_addresses(sentinel_url))  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(_addresses(sentinel_url))
     client = sentinel.master_for(service)
     try:
         backend = arl.Backend(client)

@@ -261,7 +261,7 @@ async def test_a_redis_6_2_cluster_is_refused_clearly() -> None:
     ).start()
     try:
         admin = redis.Redis(port=server.port)
-        admin.execute_command("CLUSTER", "ADDSLOTS", *range(16384))  # type: ignore[no-untyped-call]
+        admin.execute_command("CLUSTER", "ADDSLOTS", *range(16384))
         deadline = time.monotonic() + 10
         while admin.cluster("info")["cluster_state"] != "ok":
             assert time.monotonic() < deadline
@@ -314,7 +314,7 @@ async def test_the_conformance_core_on_valkey() -> None:
     client and a valkey-py client."""
     server = Valkey().start()
     try:
-        hello = redis.Redis(port=server.port, protocol=2).execute_command("HELLO")  # type: ignore[no-untyped-call]
+        hello = redis.Redis(port=server.port, protocol=2).execute_command("HELLO")
         assert hello[1] == b"valkey", hello
         clients = [aredis.Redis.from_url(server.url), avalkey.Valkey.from_url(server.url)]
         for backend in (arl.Backend.from_url(server.url), *map(arl.Backend, clients)):

@@ -317,7 +317,7 @@ class Pair:
     ) -> list[Any]:
         """``script`` on both sides: the replies must be equal, and with ``states`` the first
         key's state too; the reply, normalised."""
-        lua = self.client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+        lua = self.client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
         twin = self.loop.run_until_complete(self.store.run(script, keys, args))
         where = f"{args} at {self.clock.now_us - T0} µs"
         assert normal(twin) == normal(lua), (where, twin, lua)
@@ -567,7 +567,7 @@ class Oracle(RuleBasedStateMachine):
         super().__init__()
         self.clock.now_us = T0
         self.redis.flushall()
-        self.pubsub = self.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        self.pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
         # Every wake-up channel is under the prefix. fakeredis delivers SPUBLISH to patterns
         # too, and sends keyspace events to ``*`` whatever notify-keyspace-events says.
         self.pubsub.psubscribe(f"{PREFIX}:*")
@@ -594,7 +594,7 @@ class Oracle(RuleBasedStateMachine):
         script, keys, args = SCRIPTS[call.script], call.keys, call.args
         now = self.clock.now_us
         evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        lua = self.redis.execute_command(*evalsha)  # type: ignore[no-untyped-call]
+        lua = self.redis.execute_command(*evalsha)
         twin = self.loop.run_until_complete(self.store.run(script, keys, args))
         where = f"{call} at {now} µs"
         assert normal(twin) == normal(lua), f"{where}: twin {twin!r}, Lua {lua!r}"

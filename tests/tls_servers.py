@@ -252,14 +252,12 @@ def acl_user(
     password = password or f"pw-{uuid.uuid4().hex}"
     try:
         for admin in servers:
-            admin.execute_command(  # type: ignore[no-untyped-call]
-                "ACL", "SETUSER", name, "reset", "on", f">{password}", *rules
-            )
+            admin.execute_command("ACL", "SETUSER", name, "reset", "on", f">{password}", *rules)
         yield name, password
     finally:
         for admin in servers:
             with contextlib.suppress(redis.RedisError):
-                admin.execute_command("ACL", "DELUSER", name)  # type: ignore[no-untyped-call]
+                admin.execute_command("ACL", "DELUSER", name)
             admin.close()
 
 

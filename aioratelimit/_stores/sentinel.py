@@ -11,6 +11,7 @@ Sentinel-managed connection class, without redis-py's silent retry.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -65,7 +66,8 @@ def _serialized_sentinel(hosts: list[tuple[str, int]], **kwargs: Any) -> Any:
             async with self._lock:
                 return await super().discover_master(service_name)
 
-    return _Sentinel(hosts, **kwargs)  # type: ignore[no-untyped-call]
+    build: Callable[..., Any] = _Sentinel  # redis-py types its constructor from 8.2, not 8.1
+    return build(hosts, **kwargs)
 
 
 def sentinel_store(
