@@ -195,8 +195,8 @@ async def _close_pubsub(pubsub: Any) -> None:
 def _dedicated_pubsub(cluster: Any, address: Address) -> Any:
     """A PubSub on its own one-connection pool to one node, with the cluster's credentials."""
     import redis.asyncio as aredis
+    from redis.asyncio.retry import Retry  # the sync one only worked by accident, and 8.2 warns
     from redis.backoff import NoBackoff
-    from redis.retry import Retry
 
     kwargs = {
         k: v

@@ -43,7 +43,7 @@ class DedicatedPubSub:
             # No silent reconnect-and-resubscribe: the failure must reach the Notifier,
             # whose new subscriber asks the sentinels for the current master.
             backoff = importlib.import_module(f"{family}.backoff")
-            retries = importlib.import_module(f"{family}.retry")
+            retries = importlib.import_module(f"{family}.asyncio.retry")  # not the sync one
             kwargs["retry"] = retries.Retry(backoff.NoBackoff(), 0)
         self._pool = aredis.ConnectionPool(
             connection_class=pool.connection_class, max_connections=1, **kwargs
