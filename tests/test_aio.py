@@ -65,18 +65,24 @@ async def test_finish_runs_the_cleanup_to_its_end_despite_cancellations() -> Non
     """Cancelled (even twice) while the cleanup runs: the cleanup still ends, and then the
     caller's cancellation is raised."""
     steps: list[str] = []
+    started, cancelled = asyncio.Event(), asyncio.Event()
 
     async def cleanup() -> str:
         steps.append("start")
-        await asyncio.sleep(0.02)
+        started.set()
+        # Until both cancellations came (a fixed length could end before the second on a
+        # loaded machine, which would then test one cancellation only).
+        await cancelled.wait()
         steps.append("end")
         return "done"
 
     task = asyncio.ensure_future(finish(cleanup()))
-    await asyncio.sleep(0.005)
+    await started.wait()
     task.cancel()
     await asyncio.sleep(0.005)
     task.cancel()
+    await asyncio.sleep(0.005)  # both delivered while the cleanup runs
+    cancelled.set()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert steps == ["start", "end"]

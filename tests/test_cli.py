@@ -20,6 +20,7 @@ from typing import TypeVar
 import forkrun
 import jobs
 import pytest
+from pace import asleep
 from servers import free_port
 
 import aioratelimit as arl
@@ -492,7 +493,7 @@ async def test_reset_lock_force_frees_a_crashed_holder_and_wakes_its_waiter(
         waiter = asyncio.create_task(lock.acquire(timeout=30))
         channel = lock._names(backend).channel
         async with backend.notifier.subscribe(channel, wake_all=True) as wake_up:
-            await asyncio.sleep(0.2)  # the waiter has tried, and sleeps
+            await asleep(backend, waiter=waiter)  # it has tried, subscribed and sleeps
             assert not waiter.done()
             proc = await asyncio.to_thread(
                 cli, "reset", "lock", key, "--force", "--yes", "--url", url

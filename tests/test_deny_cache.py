@@ -177,11 +177,16 @@ async def test_the_cache_is_bounded(backend: arl.Backend, key: str) -> None:
     limiter = arl.FixedWindow("1/hour", backend=backend, deny_cache=3)
     cache = limiter._cache
     assert cache is not None
+    watchers: set[asyncio.Task[None]] = set()
     for i in range(20):
         await limiter.hit(f"{key}-{i}")
         await limiter.hit(f"{key}-{i}")
         assert len(cache) <= 3
-    await asyncio.sleep(0.05)  # the evicted keys' watchers leave
+        watchers.update(e.watcher for e in cache.entries.values() if e.watcher is not None)
+    # The evicted keys' watchers have left (not a fixed pause, which might end first).
+    kept = {e.watcher for e in cache.entries.values()}
+    async with asyncio.timeout(10):
+        await asyncio.gather(*(watchers - kept), return_exceptions=True)
     assert 0 < len(cache) <= 3
 
 

@@ -46,7 +46,15 @@ PROGRAM = textwrap.dedent(
         lock = arl.Lock(f"L{round}", backend=backend)
         lease = await lock.acquire()
         waiter = asyncio.ensure_future(lock.acquire(timeout=10))
-        await asyncio.sleep(0.05)
+        # Released once the waiter sleeps on its subscription (tests/pace.py's asleep, not
+        # importable here): a fixed pause could end before it even tried.
+        subs = (backend or arl.get_backend()).notifier._subs
+        for _ in range(10_000):
+            if waiter.done() or any(s._waiter is not None for e in subs.values() for s in e):
+                break
+            await asyncio.sleep(0.001)
+        else:
+            raise AssertionError("the waiter never slept on its subscription")
         await lease.release()
         await (await waiter).release()
         async with arl.semaphore(f"S{round}", limit=2, backend=backend):

@@ -174,6 +174,12 @@ async def run_scenario(
     await sub.__aenter__()
     try:
         await asyncio.sleep(1.0)  # every primitive running before the kill
+        # ...and each has succeeded (a loaded machine may need longer: the fences would
+        # then all come from after the kill, and "across the failover" go untested).
+        ready = time.monotonic() + 30
+        while not all(r.outcomes["ok"] for r in work.records.values()):
+            assert time.monotonic() < ready, {k: r.outcomes for k, r in work.records.items()}
+            await asyncio.sleep(0.05)
         killed_at = time.monotonic()
         await asyncio.to_thread(kill)
         deadline = killed_at + DEADLINE

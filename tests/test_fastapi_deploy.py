@@ -5,9 +5,9 @@ account by the route's own auth dependency, tiers, and refusals shaped by the ap
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
-from collections.abc import Awaitable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import pytest
 from fastapi import Depends, FastAPI, Header, HTTPException
@@ -41,8 +41,6 @@ class Account(BaseModel):
     id: str
 
 
-T = TypeVar("T")
-
 ACCOUNTS = {"tok-alice": "alice", "tok-bob": "bob"}
 
 
@@ -55,14 +53,21 @@ async def current_account(authorization: Annotated[str, Header()] = "") -> Accou
     return Account(id=account)
 
 
-def payments_app(backend: arl.Backend, charged: list[int], **options: object) -> FastAPI:
+def payments_app(
+    backend: arl.Backend,
+    charged: list[int],
+    hold: threading.Event | None = None,
+    **options: object,
+) -> FastAPI:
+    """The payment service; a charge of 99 runs until ``hold`` is set (the test's thread)."""
     app = FastAPI()
     add_problem_handler(app)
     once = IdempotencyKey(principal=current_account, backend=backend, **options)  # type: ignore[arg-type]
 
     async def charge(account: Account, payment: PaymentIn) -> PaymentOut:
         charged.append(payment.amount)
-        await asyncio.sleep(0.3 if payment.amount == 99 else 0)
+        if payment.amount == 99 and hold is not None:
+            await asyncio.to_thread(hold.wait, 30)
         if payment.amount == 13:
             raise HTTPException(502, "the provider failed")
         return PaymentOut(account=account.id, amount=payment.amount, charge=len(charged))
@@ -143,15 +148,27 @@ async def test_the_dependency_refuses_what_the_draft_refuses(store_url: str) -> 
     Retry-After, an expired token 401 without claiming; a raising endpoint frees the key."""
     backend = fresh_backend(store_url)
     charged: list[int] = []
-    async with serving(payments_app(backend, charged), backend) as client:
+    hold = threading.Event()
+    async with serving(payments_app(backend, charged, hold), backend) as client:
         missing = await client.post("/payments", json={"amount": 5}, headers=auth("tok-alice"))
         expired = await client.post("/payments", json={"amount": 5}, headers=auth("old", "e"))
         fresh = await client.post("/payments", json={"amount": 5}, headers=auth("tok-alice", "e"))
         other = await client.post("/payments", json={"amount": 6}, headers=auth("tok-alice", "e"))
-        raced = await asyncio.gather(
-            client.post("/payments", json={"amount": 99}, headers=auth("tok-alice", "r")),
-            _later(client.post("/payments", json={"amount": 99}, headers=auth("tok-alice", "r"))),
+        first = asyncio.ensure_future(
+            client.post("/payments", json={"amount": 99}, headers=auth("tok-alice", "r"))
         )
+        try:
+            # The duplicate comes while the first runs (after a fixed pause, a loaded machine
+            # could let the first end before it: a replay, not a 409).
+            async with asyncio.timeout(10):
+                while 99 not in charged:  # noqa: ASYNC110 (the server thread appends)
+                    await asyncio.sleep(0.005)
+            duplicate = await client.post(
+                "/payments", json={"amount": 99}, headers=auth("tok-alice", "r")
+            )
+        finally:
+            hold.set()
+        raced = [await first, duplicate]
         failed = await client.post("/payments", json={"amount": 13}, headers=auth("tok-alice", "f"))
         refailed = await client.post(
             "/payments", json={"amount": 13}, headers=auth("tok-alice", "f")
@@ -166,11 +183,6 @@ async def test_the_dependency_refuses_what_the_draft_refuses(store_url: str) -> 
     assert (failed.status_code, refailed.status_code) == (502, 502)
     assert charged.count(13) == 2  # the failure stored nothing: the retry ran
     assert charged.count(99) == 1
-
-
-async def _later(request: Awaitable[T]) -> T:
-    await asyncio.sleep(0.1)  # the first request is well inside its 0.3 s by then
-    return await request
 
 
 # -- tiers and shaped refusals in the dependency ------------------------------------------

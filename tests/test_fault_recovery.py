@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from faultproxy import FaultProxy, Server, once_healthy, timed
 from faultproxy import admin as _admin
-from pace import pace
+from pace import asleep, pace
 
 import aioratelimit as arl
 from aioratelimit import _scripts
@@ -253,7 +253,7 @@ async def test_a_waiter_caught_by_a_blackhole_ends_within_its_bound(
         resource = RESOURCES[kind](key, backend)
         holder = await resource.acquire(timeout=0)
         waiter = asyncio.ensure_future(_timed(resource.acquire(timeout=1.5)))
-        await asyncio.sleep(0.2)  # it waits, subscribed
+        await asleep(backend, waiter=waiter)  # it waits, subscribed (not still on its way)
         proxy.stall()
         outcome, took = await waiter
         assert isinstance(outcome, (arl.BackendUnavailable, arl.LockTimeout)), repr(outcome)
@@ -275,7 +275,7 @@ async def test_an_idempotency_waiter_caught_by_a_blackhole_ends_within_its_bound
         holder = await store.claim(key)
         assert isinstance(holder, Claimed)
         waiter = asyncio.ensure_future(_timed(store.wait(key, timeout=1.5)))
-        await asyncio.sleep(0.3)  # it waits, subscribed
+        await asleep(backend, waiter=waiter)  # it waits, subscribed (not still on its way)
         proxy.stall()
         outcome, took = await waiter
         assert isinstance(outcome, (arl.BackendUnavailable, InProgress)), repr(outcome)
@@ -327,6 +327,7 @@ async def test_probes_keep_a_healthy_subscriber(
     lock = arl.Lock(key, ttl=30, backend=backend)
     holder = await lock.acquire(timeout=0)
     waiter = asyncio.ensure_future(lock.acquire(timeout=HANG))
+    await asleep(backend, waiter=waiter)  # the release below must wake it, not find it trying
     # Several probes answered: on memory:// each is answered in this process, at once.
     await asyncio.sleep(pace(backend, network=0.8, memory=0.35))
     await holder.release()

@@ -249,16 +249,22 @@ async def test_lease_is_renewed_while_the_call_runs(backend: arl.Backend, key: s
     # Renewed every third of the lease, lost if a renewal comes two thirds of it late:
     # 267 ms on memory:// (a call takes microseconds), 400 ms on a network.
     lease = pace(backend, network=0.6, memory=0.4)
+    running, probed = asyncio.Event(), asyncio.Event()
 
     @arl.idempotent(key=lambda: key, lease=lease, backend=backend)
     async def long() -> int:
-        await asyncio.sleep(lease * 2.5)
+        running.set()
+        # Until the probes are done (over two leases): a fixed length of work could end
+        # before a probe that a loaded machine delays, which would then find a replay.
+        await probed.wait()
         return 7
 
     task = asyncio.create_task(long())
+    await running.wait()  # it has claimed the key
     for _ in range(2):
         await asyncio.sleep(lease + 0.05)  # each probe comes after a whole lease
         assert isinstance(await store.claim(key), InProgress)
+    probed.set()
     assert await task == 7
     assert await store.claim(key) == Replay(key, b"7")
 
@@ -407,10 +413,21 @@ async def test_sigkilled_process_frees_its_key_after_the_lease(redis_url: str, k
     assert proc.stdout is not None
     line = await asyncio.wait_for(proc.stdout.readline(), 30)
     assert line.strip() == b"claimed"
-    await asyncio.sleep(1.0)  # past the child's first renewal (every lease / 3)
+    # Past the child's first renewal (every lease / 3): its record's deadline has moved (a
+    # fixed pause could end before the renewal in a loaded child).
+    record = _keys.idempotency(_keys.head(prefix, _keys.IDEMPOTENCY_KIND, None), key)[0]
+    loop = asyncio.get_running_loop()
+    raw = aredis.Redis.from_url(redis_url)
+    try:
+        claimed = await raw.hget(record, "d")
+        waited = loop.time()
+        while await raw.hget(record, "d") == claimed:
+            assert loop.time() - waited < 10, "the child never renewed its lease"
+            await asyncio.sleep(0.01)
+    finally:
+        await raw.aclose()
     proc.kill()
     await proc.communicate()
-    loop = asyncio.get_running_loop()
     killed = loop.time()
     async with arl.Backend.from_url(redis_url, prefix=prefix) as backend:
         store = IdempotencyStore(backend, lease=2.0)

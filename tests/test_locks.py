@@ -379,7 +379,7 @@ async def test_50_waiters_share_a_pool_of_4(redis_url: str, key: str) -> None:
                 done.append(i)
 
         tasks = [asyncio.create_task(waiter(i)) for i in range(50)]
-        await asyncio.sleep(0.5)
+        await asleep(backend, count=50)  # all of them wait (none still trying, on a connection)
         limiter = arl.FixedWindow("1000/minute", backend=backend)
         for _ in range(10):
             assert (await asyncio.wait_for(limiter.hit(key), 2)).allowed
@@ -489,17 +489,24 @@ async def test_outer_cancellation_of_the_block_is_not_swallowed(
     """Cancelling the task running ``async with lock()`` propagates CancelledError (not
     LockLost) and releases the lock."""
     entered = asyncio.Event()
+    leases: list[arl.Lease] = []
 
     ttl = pace(backend, network=1.0, memory=0.3)
 
     async def body() -> None:
-        async with arl.lock(key, ttl=ttl, backend=backend):
+        async with arl.lock(key, ttl=ttl, backend=backend) as lease:
+            leases.append(lease)
             entered.set()
             await asyncio.sleep(30)
 
     task = asyncio.create_task(body())
     await entered.wait()
-    await asyncio.sleep(ttl / 2)  # a renewal has run (every third of the ttl)
+    # A renewal has run (every third of the ttl): the lease's last extend was sent after its
+    # acquire (a fixed pause could end before the renewal on a loaded machine).
+    acquired = leases[0]._sent
+    async with asyncio.timeout(10):
+        while leases[0]._sent == acquired:  # noqa: ASYNC110 (no event tells of a renewal)
+            await asyncio.sleep(0.005)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
