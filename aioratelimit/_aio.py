@@ -165,7 +165,9 @@ class Keeper:
     ``asyncio.run``, ``asyncio.Runner``, ``uvloop.run``, anyio and pytest-asyncio all cancel
     every task still pending on a loop before they close it: the keeper's task waits for
     exactly that cancellation and then runs ``close()`` while the loop still runs (sockets
-    cannot be closed once their loop is gone).
+    cannot be closed once their loop is gone). A loop closed without it (``loop.close()``
+    by hand) leaves the task pending: asyncio reports that when the task is collected, and
+    no close is tried then, since nothing can run on a closed loop.
     """
 
     __slots__ = ("_task", "loop")
@@ -174,8 +176,9 @@ class Keeper:
         async def keep() -> None:
             try:
                 await self.loop.create_future()
-            finally:
+            except asyncio.CancelledError:  # its loop shuts down, or aclose/close_soon
                 await close()
+                raise
 
         self.loop = _running_loop()
         self._task = self.loop.create_task(keep(), name="aioratelimit: close on loop shutdown")

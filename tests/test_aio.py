@@ -280,3 +280,36 @@ def test_keeper_closes_on_its_own_loop_when_asked_from_another() -> None:
     holder[0].close_soon()
     thread.join(5)
     assert closed == [True]
+
+
+def test_a_keeper_left_on_a_loop_closed_under_it_adds_no_error_of_its_own(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A loop closed without cancelling its tasks (``loop.close()`` by hand, not
+    ``asyncio.run``): nothing can run on it any more, so the keeper, when collected, tries
+    no close; asyncio's own "Task was destroyed but it is pending" is the one report."""
+    import gc
+    import sys
+
+    closes: list[int] = []
+    reported: list[BaseException | None] = []
+
+    async def close() -> None:
+        await asyncio.sleep(0)  # as a store's close does: it yields to the loop
+        closes.append(1)
+
+    async def make() -> None:
+        Keeper(close)
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(make())
+    loop.close()
+    hook, sys.unraisablehook = sys.unraisablehook, lambda u: reported.append(u.exc_value)
+    try:
+        del loop
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert reported == []
+    assert closes == []
+    assert "Task was destroyed but it is pending" in caplog.text
