@@ -16,6 +16,7 @@ from redis import exceptions as redis_errors
 
 from .._urls import Address
 from .base import translate
+from .pubsub import no_retry
 
 
 class Topology(Protocol):
@@ -195,8 +196,6 @@ async def _close_pubsub(pubsub: Any) -> None:
 def _dedicated_pubsub(cluster: Any, address: Address) -> Any:
     """A PubSub on its own one-connection pool to one node, with the cluster's credentials."""
     import redis.asyncio as aredis
-    from redis.asyncio.retry import Retry  # the sync one only worked by accident, and 8.2 warns
-    from redis.backoff import NoBackoff
 
     kwargs = {
         k: v
@@ -207,7 +206,7 @@ def _dedicated_pubsub(cluster: Any, address: Address) -> Any:
     # The subscriber idles between messages: no read timeout. No silent reconnect either:
     # a failure must reach the Notifier, which re-subscribes on the current owner.
     kwargs["socket_timeout"] = None
-    kwargs["retry"] = Retry(NoBackoff(), 0)
+    kwargs["retry"] = no_retry()
     pool = aredis.ConnectionPool(max_connections=1, **kwargs)
     return aredis.Redis.from_pool(pool).pubsub()
 

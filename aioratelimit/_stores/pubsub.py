@@ -19,6 +19,15 @@ from .base import REDIS_PY, ClientErrors, translate
 T = TypeVar("T")
 
 
+def no_retry(family: str = "redis") -> Any:
+    """The client library's asyncio ``Retry`` that never retries: a subscriber's failure
+    must reach the Notifier, which builds a new one where the channel lives now (its
+    synchronous ``Retry`` only ever worked by accident, and redis-py 8.2 warns on it)."""
+    backoff = importlib.import_module(f"{family}.backoff")
+    retries = importlib.import_module(f"{family}.asyncio.retry")
+    return retries.Retry(backoff.NoBackoff(), 0)
+
+
 class DedicatedPubSub:
     """A PubSub on its own one-connection pool, of the client's own library: redis-py's
     (``family="redis"``), or valkey-py's (``"valkey"``, whose errors are ``errors``)."""
@@ -42,9 +51,7 @@ class DedicatedPubSub:
         if not retry:
             # No silent reconnect-and-resubscribe: the failure must reach the Notifier,
             # whose new subscriber asks the sentinels for the current master.
-            backoff = importlib.import_module(f"{family}.backoff")
-            retries = importlib.import_module(f"{family}.asyncio.retry")  # not the sync one
-            kwargs["retry"] = retries.Retry(backoff.NoBackoff(), 0)
+            kwargs["retry"] = no_retry(family)
         self._pool = aredis.ConnectionPool(
             connection_class=pool.connection_class, max_connections=1, **kwargs
         )
