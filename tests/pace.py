@@ -10,12 +10,15 @@ shorter one still holds its margin: a wait that fails the test when this process
 keeps at least 200 ms of slack on memory:// too.
 
 A test that times a wake-up waits for the waiter to fall asleep (``asleep``) rather than
-for a fixed pause, on every backend.
+for a fixed pause, on every backend; one that needs another task, process or request to
+have reached some state waits ``until`` it has.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import aioratelimit as arl
@@ -33,6 +36,28 @@ def pace(backend: arl.Backend, *, network: T, memory: T) -> T:
     return memory if on_memory(backend) else network
 
 
+async def until(
+    condition: Callable[[], bool | Awaitable[bool]],
+    *,
+    what: str = "the condition",
+    within: float = 10.0,
+    every: float = 0.005,
+) -> None:
+    """Return once ``condition()`` (a plain or an async predicate) holds; fail the test if
+    it has not within ``within`` seconds: for a state that nothing signals, read every
+    ``every`` seconds, instead of a fixed pause a loaded machine may outlast."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        met = condition()
+        if inspect.isawaitable(met):
+            met = await met
+        if met:
+            return
+        assert loop.time() < deadline, f"{what}: not within {within} s"
+        await asyncio.sleep(every)
+
+
 async def asleep(
     backend: arl.Backend,
     *,
@@ -46,11 +71,16 @@ async def asleep(
     what a test that times a wake-up waits for, instead of a fixed pause that may end
     before the waiters sleep or long after."""
     subs = backend.notifier._subs
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    # (the notifier sets no event when a waiter falls asleep: its state is read every ms)
-    while sum(sub._waiter is not None for each in subs.values() for sub in each) < count:
+
+    def asleep_or_ended() -> bool:
         if waiter is not None and waiter.done():
-            return
-        assert loop.time() < deadline, f"not {count} waiters asleep on {backend!r} in {within} s"
-        await asyncio.sleep(0.001)
+            return True
+        return sum(sub._waiter is not None for each in subs.values() for sub in each) >= count
+
+    # (the notifier sets no event when a waiter falls asleep: its state is read every ms)
+    await until(
+        asleep_or_ended,
+        what=f"{count} waiters asleep on {backend!r}",
+        within=within,
+        every=0.001,
+    )

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import pytest
 from fastapi import Depends, FastAPI, Header, HTTPException
 from fastapi.responses import JSONResponse
+from pace import until
 from pydantic import BaseModel
 from webserver import fresh_backend, serving
 
@@ -160,9 +161,7 @@ async def test_the_dependency_refuses_what_the_draft_refuses(store_url: str) -> 
         try:
             # The duplicate comes while the first runs (after a fixed pause, a loaded machine
             # could let the first end before it: a replay, not a 409).
-            async with asyncio.timeout(10):
-                while 99 not in charged:  # noqa: ASYNC110 (the server thread appends)
-                    await asyncio.sleep(0.005)
+            await until(lambda: 99 in charged, what="the first charge running")
             duplicate = await client.post(
                 "/payments", json={"amount": 99}, headers=auth("tok-alice", "r")
             )
