@@ -5,8 +5,6 @@ connection pool per backend, decided on the Redis server's clock. ``memory://`` 
 in-process store with the same semantics, and the default when nothing is configured.
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
 from ._backend import Backend, configure, get_backend
 from ._errors import (
     AioRateLimitError,
@@ -22,22 +20,18 @@ from ._errors import (
     ResultTooLarge,
     TokenRejected,
 )
-from ._failure import Breaker, Fallback
-from ._idempotent import idempotent
-from ._lease import Hold, Lease
-from ._limiters import FixedWindow, SlidingWindow, TokenBucket
-from ._lock import Lock, Semaphore, lock, semaphore
+from ._idempotency.decorator import idempotent
+from ._idempotency.results import Serializer
+from ._idempotency.tokens import consume_token, consumes_token, issue_token
+from ._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
+from ._limits.failure import Breaker, Fallback
+from ._limits.limiter import Admission, Limiter
+from ._locks.lease import Hold, Lease
+from ._locks.lock import Lock, Semaphore, lock, semaphore
 from ._observe import Recorder, set_recorder
-from ._ratelimit import Admission, Limiter
 from ._rates import Decision, Rate
-from ._results import Serializer
 from ._scripts import ScriptCall
-from ._tokens import consume_token, consumes_token, issue_token
-
-try:
-    __version__ = version("aioratelimit")  # one source of truth: pyproject.toml
-except PackageNotFoundError:  # a source tree on sys.path, not installed
-    __version__ = "0+unknown"
+from ._version import __version__
 
 __all__ = [
     "Admission",

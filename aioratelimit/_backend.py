@@ -18,7 +18,6 @@ from typing import Any
 from . import _keys
 from ._args import check_int, check_seconds
 from ._errors import BackendUnavailable
-from ._notify import Notifier
 from ._scripts import Arg, Reply, Script
 from ._stores.base import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -28,6 +27,7 @@ from ._stores.base import (
     OnCall,
     Store,
 )
+from ._stores.notify import Notifier
 from ._urls import check_scheme, redact
 
 log = logging.getLogger("aioratelimit")
@@ -234,7 +234,7 @@ def memory_backend(
     one. ``clock`` (microseconds since the epoch, as Redis ``TIME`` answers) replaces the
     wall clock: ``aioratelimit.testing.ManualClock`` moves only when a test says so;
     ``on_call`` is reported every script call, as ``from_url``'s."""
-    from ._stores.memory import MemoryStore, ObservedMemoryStore
+    from ._stores.memory.store import MemoryStore, ObservedMemoryStore
 
     store = MemoryStore(clock) if on_call is None else ObservedMemoryStore(on_call, clock)
     return Backend._of(store, prefix=prefix, url="memory://", timeout=timeout)

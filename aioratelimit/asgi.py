@@ -24,21 +24,17 @@ Type aliases for code that plugs into it: ``Scope``, ``Receive``, ``Send``, ``Me
 
 from __future__ import annotations
 
+from ._web.answers import Refusal, RespondFunc
+
 # Defined in this module before the web layer was split; still importable from here.
-from ._asgi_idempotency import MAX_IDEMPOTENCY_KEY as MAX_IDEMPOTENCY_KEY
-from ._asgi_idempotency import (
-    STORED,
-    FingerprintFunc,
-    IdempotencyMiddleware,
-    request_fingerprint,
-)
-from ._asgi_idempotency import parse_idempotency_key as parse_idempotency_key
-from ._asgi_ratelimit import RateLimitMiddleware, Rule
-from ._asgi_types import ASGIApp, Message, Receive, Scope, Send
-from ._http_answers import Refusal, RespondFunc
-from ._limit_plans import Choice, LimiterFunc
-from ._request_keys import KeyFunc, client_ip, header, path_param, user_id
-from ._routes import route_path
+from ._web.idempotency import MAX_IDEMPOTENCY_KEY as MAX_IDEMPOTENCY_KEY
+from ._web.idempotency import STORED, FingerprintFunc, IdempotencyMiddleware, request_fingerprint
+from ._web.idempotency import parse_idempotency_key as parse_idempotency_key
+from ._web.plans import Choice, LimiterFunc
+from ._web.ratelimit import RateLimitMiddleware, Rule
+from ._web.request_keys import KeyFunc, client_ip, header, path_param, user_id
+from ._web.routes import route_path
+from ._web.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = [
     "ASGIApp",

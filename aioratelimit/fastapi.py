@@ -32,13 +32,13 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import Request, Response
 
-from ._asgi_types import ASGIApp, Message, Receive, Scope, Send
 from ._backend import Backend
 from ._errors import BackendUnavailable
-from ._failure import Breaker, Fallback
-from ._fastapi_idempotency import IdempotencyKey, IdempotentRequest
-from ._fastapi_problems import ProblemException, add_problem_handler, unavailable
-from ._http_answers import (
+from ._idempotency.tokens import consume_token
+from ._limits.failure import Breaker, Fallback
+from ._limits.limiter import Limiter
+from ._rates import Decision
+from ._web.answers import (
     UNAVAILABLE_RETRY_AFTER,
     OutageLog,
     Refusal,
@@ -49,12 +49,20 @@ from ._http_answers import (
     seconds_header,
     unavailable_detail,
 )
-from ._limit_plans import Choice, LimiterFunc, Plan
-from ._ratelimit import Limiter
-from ._rates import Decision
-from ._request_keys import KeyFunc, check_key_func, client_ip, header, path_param, resolve, user_id
-from ._tokens import consume_token
-from ._web_policy import WebPolicy, shadow_fields
+from ._web.idempotency_dependency import IdempotencyKey, IdempotentRequest
+from ._web.plans import Choice, LimiterFunc, Plan
+from ._web.policy import WebPolicy, shadow_fields
+from ._web.problems import ProblemException, add_problem_handler, unavailable
+from ._web.request_keys import (
+    KeyFunc,
+    check_key_func,
+    client_ip,
+    header,
+    path_param,
+    resolve,
+    user_id,
+)
+from ._web.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = [
     "ASGIApp",

@@ -21,6 +21,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider
 
 from . import _observe
 from ._scripts import ScriptCall
+from ._version import __version__
 
 __all__ = ["DURATION_BUCKETS", "SCOPE", "instrument", "on_call", "uninstrument"]
 
@@ -68,7 +69,7 @@ class _Instruments(_observe.Recorder):
     """``Recorder`` on OpenTelemetry instruments."""
 
     def __init__(self, meter_provider: MeterProvider | None, near_limit: float) -> None:
-        meter = metrics.get_meter(SCOPE, _version(), meter_provider=meter_provider)
+        meter = metrics.get_meter(SCOPE, __version__, meter_provider=meter_provider)
         self.near_limit = near_limit
         self._decision_attributes: dict[tuple[str | None, str, str | None], dict[str, str]] = {}
         buckets = list(DURATION_BUCKETS)
@@ -187,12 +188,6 @@ class _Instruments(_observe.Recorder):
 _tracer: trace.Tracer | None = None
 
 
-def _version() -> str:
-    from . import __version__
-
-    return __version__
-
-
 def instrument(
     *,
     meter_provider: MeterProvider | None = None,
@@ -210,7 +205,7 @@ def instrument(
     if not isinstance(near_limit, (int, float)) or not 0 < near_limit <= 1:
         raise ValueError(f"near_limit must be a share in (0, 1], not {near_limit!r}")
     recorder = _Instruments(meter_provider, float(near_limit))
-    _tracer = trace.get_tracer(SCOPE, _version(), tracer_provider=tracer_provider)
+    _tracer = trace.get_tracer(SCOPE, __version__, tracer_provider=tracer_provider)
     _observe.set_recorder(recorder)
 
 

@@ -57,8 +57,8 @@ from _common import (
 
 import aioratelimit as arl
 from aioratelimit import _keys, _scripts
+from aioratelimit._idempotency.tokens import _key as token_key
 from aioratelimit._stores.wire import Wire
-from aioratelimit._tokens import _key as token_key
 
 WINDOW_MS = 60_000
 REPLAY_KEYS = 100  # completed idempotency keys the replay condition cycles over

@@ -12,7 +12,7 @@ by side, in the same repetitions:
 
 - **retry**: what ``wait=True`` did before (every waiter sleeps ``retry_after``, wakes with
   all the others and tries again);
-- **ours**: ``Limiter.acquire(wait=True)`` (``aioratelimit._waiting``: a TokenBucket books
+- **ours**: ``Limiter.acquire(wait=True)`` (``aioratelimit._limits.waiting``: a TokenBucket books
   its slot, the windows queue their waiters per key and process).
 
 Figures per limiter (``SlidingWindow``, and ``TokenBucket(burst=1)``, whose every slot is
@@ -52,7 +52,7 @@ from _common import (
 )
 
 import aioratelimit as arl
-from aioratelimit._waiting import TIMER_SLACK
+from aioratelimit._limits.waiting import TIMER_SLACK
 
 PROCESSES = 3
 PER_PROCESS = scaled(20, 2)

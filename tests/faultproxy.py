@@ -608,7 +608,7 @@ async def once_healthy(acquire: Callable[[], Awaitable[T]], within: float) -> T:
     up to ``within`` seconds: a connection opened while faults were armed may still be cut
     by one decided before the switch (the library rightly never resends that call), and
     only the call on it fails. A fault that lasts fails the test."""
-    from aioratelimit import BackendUnavailable  # (the proxy itself needs no library)
+    from aioratelimit import BackendUnavailable
 
     deadline = time.monotonic() + within
     while True:

@@ -24,11 +24,11 @@ from pace import asleep
 from servers import free_port
 
 import aioratelimit as arl
-from aioratelimit import _admin
-from aioratelimit._cli import main, table
-from aioratelimit._cli_doctor import Report, _server_version
-from aioratelimit._cli_state import reset_lock
-from aioratelimit._idempotency import Claimed, IdempotencyStore
+from aioratelimit._cli import admin as _admin
+from aioratelimit._cli.doctor import Report, _server_version
+from aioratelimit._cli.main import main, table
+from aioratelimit._cli.state import reset_lock
+from aioratelimit._idempotency.store import Claimed, IdempotencyStore
 from aioratelimit._scripts import MIN_CLUSTER_VERSION, MIN_REDIS_VERSION
 
 #: The installed console script (``[project.scripts]``), beside this interpreter.

@@ -28,7 +28,7 @@ from redis.crc import key_slot
 from test_cluster import publish
 
 import aioratelimit as arl
-from aioratelimit._notify import Subscription
+from aioratelimit._stores.notify import Subscription
 
 pytestmark = pytest.mark.slow
 

@@ -34,7 +34,7 @@ from pace import asleep, pace
 
 import aioratelimit as arl
 from aioratelimit import _scripts
-from aioratelimit._idempotency import Claimed, IdempotencyStore, InProgress
+from aioratelimit._idempotency.store import Claimed, IdempotencyStore, InProgress
 from aioratelimit._stores.pubsub import DedicatedPubSub
 
 #: The backend's reply timeout and connect timeout in these tests (seconds).

@@ -20,13 +20,9 @@ import redis.asyncio as aredis
 from pace import asleep, pace, until
 
 import aioratelimit as arl
-from aioratelimit import _idempotency, _keys, _scripts
-from aioratelimit._idempotency import (
-    Claimed,
-    IdempotencyStore,
-    InProgress,
-    Replay,
-)
+from aioratelimit import _keys, _scripts
+from aioratelimit._idempotency import store as _idempotency
+from aioratelimit._idempotency.store import Claimed, IdempotencyStore, InProgress, Replay
 
 
 def record_key(backend: arl.Backend, key: str, name: str | None = None) -> str:

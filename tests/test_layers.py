@@ -13,65 +13,27 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "aioratelimit"
 
-#: Floors, top first. A module may import from its own floor or any floor below it.
+#: Rooms, top floor first: a room is a top-level module or folder of the package, and a module
+#: may import from its own floor or any floor below it.
 FLOORS: list[tuple[str, set[str]]] = [
-    (
-        "faces",
-        {
-            "",
-            "__main__",
-            "asgi",
-            "fastapi",
-            "testing",
-            "otel",
-            "_cli",
-            "_cli_bench",
-            "_cli_demo",
-            "_cli_doctor",
-            "_cli_output",
-            "_cli_state",
-        },
-    ),
-    (
-        "web support",
-        {
-            "_fastapi_idempotency",
-            "_fastapi_problems",
-            "_asgi_ratelimit",
-            "_asgi_idempotency",
-            "_limit_plans",
-            "_response_records",
-            "_http_answers",
-            "_request_keys",
-            "_routes",
-            "_asgi_types",
-            "_web_policy",
-        },
-    ),
-    (
-        "primitives",
-        {
-            "_ratelimit",
-            "_limiters",
-            "_waiting",
-            "_guard",
-            "_deny_cache",
-            "_failure",
-            "_lock",
-            "_lease",
-            "_idempotency",
-            "_idempotent",
-            "_results",
-            "_tokens",
-            "_admin",
-        },
-    ),
+    ("faces", {"", "__main__", "asgi", "fastapi", "otel", "testing"}),
+    ("tools", {"_cli", "_web"}),
+    ("primitives", {"_limits", "_locks", "_idempotency"}),
     ("backend", {"_backend"}),
-    ("stores", set()),  # every module of _stores/
-    ("wake-ups", {"_notify"}),
+    ("stores", {"_stores"}),
     (
         "leaves",
-        {"_observe", "_scripts", "_keys", "_rates", "_args", "_urls", "_aio", "_errors"},
+        {
+            "_version",
+            "_errors",
+            "_rates",
+            "_args",
+            "_keys",
+            "_scripts",
+            "_urls",
+            "_aio",
+            "_observe",
+        },
     ),
 ]
 
@@ -87,13 +49,16 @@ def modules() -> dict[str, Path]:
     return found
 
 
+def room_of(module: str) -> str:
+    """The top-level entry a module lives in: its folder, or the module itself."""
+    return module.split(".")[0]
+
+
 def floor_of(module: str) -> int:
-    for index, (_, names) in enumerate(FLOORS):
-        if module in names:
+    for index, (_, rooms) in enumerate(FLOORS):
+        if room_of(module) in rooms:
             return index
-    if module.split(".")[0] == "_stores":
-        return [name for name, _ in FLOORS].index("stores")
-    raise AssertionError(f"aioratelimit.{module} sits on no floor: add it to FLOORS")
+    raise AssertionError(f"aioratelimit.{module} sits in no room: add it to FLOORS")
 
 
 def imports(module: str, path: Path, known: set[str]) -> set[str]:
@@ -163,17 +128,62 @@ def test_there_is_no_import_cycle() -> None:
             visit(module)
 
 
-def test_stores_know_no_primitive_and_no_backend() -> None:
-    """Nothing under ``_stores/`` imports ``_backend`` or a primitive (STYLE.md's house)."""
-    above = {"_backend", "_ratelimit", "_lock", "_lease", "_idempotency", "_idempotent", "_tokens"}
+def test_there_is_no_cycle_between_rooms() -> None:
+    """Seen from outside, a folder is one room: no chain of imports leaves a room and comes back."""
+    rooms: dict[str, set[str]] = {}
     for module, targets in GRAPH.items():
-        if module.startswith("_stores"):
-            assert not targets & above, (module, targets & above)
+        rooms.setdefault(room_of(module), set()).update(room_of(t) for t in targets)
+    for room, targets in rooms.items():
+        targets.discard(room)
+    state: dict[str, int] = {}
+
+    def visit(room: str, path: list[str]) -> None:
+        state[room] = 1
+        for target in sorted(rooms[room]):
+            if state.get(target) == 1:
+                raise AssertionError("room cycle: " + " -> ".join([*path, room, target]))
+            if target not in state:
+                visit(target, [*path, room])
+        state[room] = 2
+
+    for room in sorted(rooms):
+        if room not in state:
+            visit(room, [])
+
+
+def test_ls_shows_the_architecture() -> None:
+    """The package's top holds about 25 entries: faces, wing folders and leaves."""
+    entries = [p for p in PACKAGE.iterdir() if p.name != "__pycache__"]
+    assert len(entries) <= 25, sorted(p.name for p in entries)
+    assert {p.name for p in entries if p.is_dir()} == {
+        "_cli",
+        "_web",
+        "_limits",
+        "_locks",
+        "_idempotency",
+        "_stores",
+    }
+
+
+def test_primitives_never_touch_redis_py() -> None:
+    """A primitive hands scripts to its backend; only the stores speak to redis-py."""
+    for path in PACKAGE.rglob("*.py"):
+        room = path.relative_to(PACKAGE).parts[0]
+        if room in {"_limits", "_locks", "_idempotency"}:
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom) and not node.level
+                    else []
+                )
+                assert not any(n.split(".")[0] in {"redis", "valkey"} for n in names), path
 
 
 def test_the_walker_sees_lazy_and_type_checking_imports() -> None:
     """The walker is not fooled by an import inside a function or under TYPE_CHECKING."""
-    assert "_stores.memory" in GRAPH["_backend"]  # imported inside Backend.from_url
+    assert "_stores.memory.store" in GRAPH["_backend"]  # imported inside Backend.from_url
     assert "_rates" in GRAPH["_errors"]  # imported under TYPE_CHECKING
 
 

@@ -33,7 +33,7 @@ from hypothesis.stateful import (
 import aioratelimit as arl
 from aioratelimit._rates import Decision
 from aioratelimit._scripts import Arg, Reply, Script
-from aioratelimit._stores.memory import MemoryStore
+from aioratelimit._stores.memory.store import MemoryStore
 
 T = TypeVar("T")
 

@@ -61,12 +61,13 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_sta
 from script_checks import KEYS_CHECK
 
 import aioratelimit as arl
-from aioratelimit import _admin, _keys
-from aioratelimit._idempotency import Claimed, IdempotencyStore, _fingerprint
+from aioratelimit import _keys
+from aioratelimit._cli import admin as _admin
+from aioratelimit._idempotency.store import Claimed, IdempotencyStore, _fingerprint
+from aioratelimit._idempotency.tokens import _subject
 from aioratelimit._scripts import SCRIPTS, Arg, Reply, Script
-from aioratelimit._stores.keyspace import Keyspace, expired
-from aioratelimit._stores.memory import MemoryStore, twins
-from aioratelimit._tokens import _subject
+from aioratelimit._stores.memory.keyspace import Keyspace, expired
+from aioratelimit._stores.memory.store import MemoryStore, twins
 
 #: 2026-01-01T00:00:00Z in µs: a realistic clock, so fences and TATs carry 16 digits as in
 #: production (Lua numbers are doubles; precision is part of what is compared).

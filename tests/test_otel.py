@@ -23,7 +23,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 import aioratelimit as arl
 from aioratelimit import _keys, _observe, otel
 from aioratelimit._aio import Gate
-from aioratelimit._idempotency import Claimed, IdempotencyStore
+from aioratelimit._idempotency.store import Claimed, IdempotencyStore
 
 
 @dataclass

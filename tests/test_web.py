@@ -23,7 +23,8 @@ from servers import RedisServer
 from webserver import fresh_backend, serving
 
 import aioratelimit as arl
-from aioratelimit import _http_answers, _request_keys
+from aioratelimit._web import answers as _http_answers
+from aioratelimit._web import request_keys as _request_keys
 from aioratelimit.asgi import (
     IdempotencyMiddleware,
     RateLimitMiddleware,

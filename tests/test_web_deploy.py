@@ -25,7 +25,7 @@ from starlette.routing import Mount
 from webserver import Server, fresh_backend, serving
 
 import aioratelimit as arl
-from aioratelimit._request_keys import resolve
+from aioratelimit._web.request_keys import resolve
 from aioratelimit.asgi import (
     IdempotencyMiddleware,
     KeyFunc,

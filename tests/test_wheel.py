@@ -57,7 +57,7 @@ def test_wheel_installs_alone_and_decides_on_a_real_server(tmp_path: Path, redis
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-        assert "aioratelimit = aioratelimit._cli:main" in zf.read(entry_points).decode()
+        assert "aioratelimit = aioratelimit._cli.main:main" in zf.read(entry_points).decode()
     assert {f"aioratelimit/lua/{name}" for name in expected} <= names
     assert {"aioratelimit/__init__.py", "aioratelimit/py.typed"} <= names
     assert not any(n.startswith(("tests/", "lua/")) for n in names)

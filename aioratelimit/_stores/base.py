@@ -13,8 +13,8 @@ from redis import exceptions as redis_errors
 
 from .. import _observe
 from .._errors import AioRateLimitError, BackendError, BackendUnavailable
-from .._notify import Notifier
 from .._scripts import Arg, Reply, Script, ScriptCall
+from .notify import Notifier
 
 #: Observes every script call of a Redis store once it is over (``from_url(on_call=)``).
 OnCall = Callable[[ScriptCall], None]

@@ -46,12 +46,12 @@ from redis import exceptions as redis_errors
 from redis.crc import key_slot
 
 from .._aio import Gate, Keeper
-from .._notify import Notifier
 from .._scripts import Arg, Reply, Script
 from .._urls import Address, parse_hosts
 from .base import DEFAULT_CONNECT_TIMEOUT, OnCall, observed, translate
 from .cluster_pubsub import ShardedPubSub
 from .endpoint import Endpoint, endpoint
+from .notify import Notifier
 from .wire import Link, ReplyError, pack, pack_command
 
 log = logging.getLogger("aioratelimit")

@@ -26,7 +26,6 @@ from typing import Any
 
 from .._aio import Gate, Keeper
 from .._errors import BackendError
-from .._notify import Notifier
 from .._scripts import Arg, Reply, Script
 from .base import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -39,6 +38,7 @@ from .base import (
     valkey_errors,
 )
 from .endpoint import Endpoint, check_server, endpoint
+from .notify import Notifier
 from .pubsub import DedicatedPubSub
 from .wire import Link, ReplyError, pack
 

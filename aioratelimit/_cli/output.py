@@ -1,0 +1,70 @@
+"""What every ``aioratelimit`` command shares: the URL it talks to, its one-line errors, and
+plain-text tables and durations."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+from .._backend import Backend
+from .._urls import redact
+
+#: The exit status of bad input and of errors (argparse's usage errors too).
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """A failure the user can fix (bad input, an unreachable server): printed as one line
+    ``aioratelimit: error: <message>``, exit status 2."""
+
+
+def resolve_url(url: str | None) -> tuple[str, str]:
+    """The URL a command talks to and where it came from: ``--url``, else ``REDIS_URL``,
+    else ``memory://`` (as ``aioratelimit.configure()`` chooses)."""
+    if url is not None:
+        return url, "--url"
+    env = os.environ.get("REDIS_URL")
+    if env:
+        return env, "REDIS_URL"
+    return "memory://", "the default: neither --url nor REDIS_URL is set"
+
+
+def open_backend(url: str, prefix: str, source: str = "--url", **options: object) -> Backend:
+    """``Backend.from_url``, its bad-input errors turned into one line (nothing sent) that
+    names where the URL came from (``resolve_url``)."""
+    try:
+        return Backend.from_url(url, prefix=prefix, **options)  # type: ignore[arg-type]
+    except (ValueError, TypeError) as exc:
+        what = "--url" if source == "--url" else source.split(":")[0]
+        raise CliError(f"invalid {what} {redact(url)!r}: {exc}") from None
+
+
+def where(backend: Backend) -> str:
+    """The backend's URL for a heading, password redacted."""
+    url = redact(backend.url)
+    return url + " (the embedded store: per process)" if url.startswith("memory://") else url
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> str:
+    """Plain-text columns: the first left-aligned, the others (numbers) right-aligned."""
+    widths = [max(len(r[i]) for r in (headers, *rows)) for i in range(len(headers))]
+
+    def line(cells: Sequence[str]) -> str:
+        first = cells[0].ljust(widths[0])
+        rest = (c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True))
+        return indent + "  ".join((first, *rest)).rstrip()
+
+    rule = indent + "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), rule, *(line(r) for r in rows)])
+
+
+def seconds(value: float | None) -> str:
+    """A duration for people: ``12.345 s``; ``no TTL`` for None."""
+    return "no TTL" if value is None else f"{value:.3f} s"
+
+
+def out(text: str = "") -> None:
+    """One line on stdout, flushed (a pipe sees it at once; a closed one raises here)."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,125 @@
+"""One-shot tokens: ``issue_token``, ``consume_token`` and ``@consumes_token``.
+
+A token is ``secrets.token_urlsafe`` of 24 bytes (192 random bits). Redis never sees it: the
+record is named (and hash-tagged) by the SHA-256 of the token, and holds the SHA-256 of the
+subject it was issued for, so a dump of the server holds neither usable tokens nor
+subjects. ``lua/token_issue.lua`` stores the record with its TTL; ``lua/token_consume.lua``
+deletes it only when it exists and the subject matches, in one step, so of any number of
+concurrent consumers exactly one gets True, and a wrong subject leaves the token usable.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
+
+from .. import _keys, _scripts
+from .._args import check_seconds, to_us
+from .._backend import Backend, get_backend
+from .._errors import TokenRejected
+from .._scripts import Consumed
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: Random bytes per token (192 bits; the contract asks for at least 128).
+TOKEN_BYTES = 24
+
+# What any token of ours looks like (with room for longer ones); anything else is answered
+# False without a round trip.
+_WELL_FORMED = re.compile(r"[A-Za-z0-9_-]{16,256}")
+
+
+def _key(backend: Backend, token: str) -> str:
+    """The record of ``token`` on ``backend``: named by the token's SHA-256."""
+    head = backend.head(_keys.TOKEN_KIND)
+    return _keys.token(head, hashlib.sha256(token.encode("ascii")).hexdigest())
+
+
+def _subject(subject: object) -> str:
+    """The stored stand-in for a subject: '' for none, else a SHA-256 of it."""
+    if subject is None:
+        return ""
+    if not isinstance(subject, str):
+        raise TypeError(f"subject must be a str or None, not {type(subject).__name__}")
+    return hashlib.sha256(b"subject:" + subject.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _backend(backend: Backend | None) -> Backend:
+    if backend is None:
+        return get_backend()
+    if not isinstance(backend, Backend):
+        raise TypeError(f"backend must be a Backend, not {type(backend).__name__}")
+    return backend
+
+
+async def issue_token(
+    ttl: float = 600.0, subject: str | None = None, backend: Backend | None = None
+) -> str:
+    """A new one-shot token, valid for ``ttl`` seconds, bound to ``subject`` if given.
+
+    Only ``consume_token`` with the same ``subject`` (``None`` matches only ``None``)
+    accepts it, once.
+    """
+    ttl_us = to_us(check_seconds(ttl, "ttl"))
+    subject_hash = _subject(subject)
+    b = _backend(backend)
+    for _ in range(3):
+        token = _keys.new_token(TOKEN_BYTES)
+        key = _key(b, token)
+        if await b.run(_scripts.TOKEN_ISSUE, (key,), (subject_hash, ttl_us)) == 1:
+            return token
+        # A record with this hash exists: 2**-192 odds, but never hand out a used token.
+    raise RuntimeError("could not store a new token: the store refused three fresh ones")
+
+
+async def consume_token(
+    token: object, subject: str | None = None, backend: Backend | None = None
+) -> bool:
+    """True exactly once for a live token issued for ``subject``; False otherwise.
+
+    False for an unknown, expired or used token and for one issued for another subject
+    (which stays usable by its own subject). A malformed token (not a str, empty, huge,
+    foreign characters) is False too, without a round trip; it never raises for one.
+    """
+    subject_hash = "" if subject is None else _subject(subject)
+    b = get_backend() if backend is None else _backend(backend)
+    if not isinstance(token, str) or _WELL_FORMED.fullmatch(token) is None:
+        return False
+    key = _key(b, token)
+    return bool(await b.run(_scripts.TOKEN_CONSUME, (key,), (subject_hash,)) == Consumed.CONSUMED)
+
+
+def consumes_token(
+    token: Callable[..., object],
+    subject: str | Callable[..., str | None] | None = None,
+    *,
+    backend: Backend | None = None,
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Coroutine[Any, Any, R]]]:
+    """Decorate an async function to run only if its token is consumed now.
+
+    ``token`` is given the function's arguments and returns the token presented;
+    ``subject`` is ``None``, a string, or a callable given the same arguments. When the
+    token is not consumed, the function does not run and ``TokenRejected`` is raised.
+    """
+    if not callable(token):
+        raise TypeError(f"token must be a callable, not {type(token).__name__}")
+    if subject is not None and not (isinstance(subject, str) or callable(subject)):
+        raise TypeError(f"subject must be a str, a callable or None, not {type(subject).__name__}")
+    if backend is not None:
+        _backend(backend)
+
+    def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+        @functools.wraps(fn)
+        async def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+            who = subject(*args, **kwargs) if callable(subject) else subject
+            if not await consume_token(token(*args, **kwargs), who, backend):
+                raise TokenRejected("the token is unknown, expired, used or someone else's")
+            return await fn(*args, **kwargs)
+
+        return guarded
+
+    return decorate

@@ -1,0 +1,352 @@
+"""``Limiter``, the common base of the rate limiters (``_limiters``: ``FixedWindow``,
+``SlidingWindow`` and ``TokenBucket``), and ``Admission``, its ``async with``.
+
+Each decision is one script run (``lua/fixed_window.lua``, ``lua/sliding_window.lua``,
+``lua/token_bucket.lua``) over one key per (user key, rate), and the key's block for a
+limiter made with ``blockable=True``, all under the user key's hash tag. The three limiters
+share everything but the scripts and their arguments: validation, key building, the
+reply-to-``Decision`` decoding, blocks and refunds (one script each), the context manager
+and the decorator. Waiting is ``_waiting``; the
+deny cache, the failure policy and shadow mode are ``_guard``'s (a limiter without them
+never enters it).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Coroutine
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+from .. import _keys, _observe, _scripts
+from .._args import check_int, check_key, check_seconds, check_timeout, from_us, to_us
+from .._backend import Backend, get_backend
+from .._errors import RateLimited
+from .._rates import Decision, Rate
+from .._scripts import Mode, Script
+from . import guard as _guard
+from . import waiting as _waiting
+from .deny_cache import DenyCache
+from .failure import Breaker, Fallback, Policy
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: Script modes as plain ints (what the wire packs fastest).
+_PEEK, _PARTIAL = int(Mode.PEEK), int(Mode.PARTIAL)
+
+
+class Limiter:
+    """The common base of ``FixedWindow``, ``SlidingWindow`` and ``TokenBucket``: annotate
+    with it where any of the three will do (``hit``, ``peek``, ``reset``, ``acquire``,
+    ``async with limiter(key)`` and ``@limiter.limit`` are the same on all three).
+
+    Not instantiated itself; a subclass names its script, kind and arguments.
+    """
+
+    __slots__ = (
+        "_args",
+        "_backend",
+        "_blockable",
+        "_breaker",
+        "_cache",
+        "_fallback",
+        "_head_id",
+        "_hit_mode",
+        "_max_cost",
+        "_plain",
+        "_refund_args",
+        "_suffixes",
+        "count_denied",
+        "name",
+        "on_unavailable",
+        "shadow",
+    )
+
+    _script: Script
+    _refund_script: Script
+    _kind: str
+    #: its script books a later slot for a waiter (``_waiting``): TokenBucket
+    _reserves = False
+
+    def __init__(
+        self,
+        backend: Backend | None,
+        name: str | None,
+        count_denied: bool = False,
+        blockable: bool = False,
+    ) -> None:
+        if type(self) is Limiter:
+            raise TypeError("Limiter is a base: use FixedWindow, SlidingWindow or TokenBucket")
+        if backend is not None and not isinstance(backend, Backend):
+            raise TypeError(f"backend must be a Backend, not {type(backend).__name__}")
+        if name is not None:
+            check_key(name, "name")
+        if not isinstance(count_denied, bool):
+            raise TypeError(f"count_denied must be a bool, not {type(count_denied).__name__}")
+        if not isinstance(blockable, bool):
+            raise TypeError(f"blockable must be a bool, not {type(blockable).__name__}")
+        # Its hits read the key's block (one more key and GET per hit: opt-in, and a
+        # one-rate hit stays a one-key script, served during a cluster slot migration).
+        self._blockable = blockable
+        self._backend = backend
+        self.name = name
+        #: a denied hit counts too (brute-force protection: hammering keeps the key denied)
+        self.count_denied = count_denied
+        self._hit_mode = int(Mode.HIT_COUNT_DENIED if count_denied else Mode.HIT)
+        self._head_id = (self._kind, name)  # its key in Backend.heads
+        # Set by subclasses: per-key suffixes, the script's constant arguments, and the
+        # largest cost that could ever be admitted.
+        self._suffixes: tuple[str, ...] = ()
+        self._args: tuple[int, ...] = ()
+        self._refund_args: tuple[int, ...] = ()  # the refund script's, after the cost
+        self._max_cost = 0
+        # Set by ``_options`` (a subclass calls it once its rates are known).
+        self._cache: DenyCache | None = None
+        self._breaker: Breaker | None = None
+        self._fallback: Limiter | None = None
+        self.on_unavailable: Policy = "raise"
+        self.shadow = False
+        self._plain = True
+
+    def _options(
+        self,
+        rates: tuple[Rate, ...],
+        deny_cache: int | None,
+        on_unavailable: Policy,
+        breaker: Breaker | None,
+        shadow: bool,
+    ) -> None:
+        """The options on top of the plain decision (``_guard``); with all of them off a
+        decision stays the one script call it was."""
+        if deny_cache is not None and self.count_denied:
+            # A cached denial never reaches the server, where a denied hit must be counted.
+            raise ValueError("deny_cache cannot be combined with count_denied=True")
+        options = _guard.Options(self.name or self._kind, rates, deny_cache, on_unavailable)
+        self._cache, self.on_unavailable = options.cache, options.policy
+        self._breaker, self.shadow = options.breaker(breaker), options.shadow(shadow)
+        if self._breaker is not None:
+            self._breaker.on_change(_observe.breaker_listener)
+        if isinstance(self.on_unavailable, Fallback):
+            # Its own memory:// store: counted in this process only, never sent anywhere.
+            self._fallback = self._scaled(self.on_unavailable, Backend.from_url("memory://"))
+        self._plain = self._cache is None and self._breaker is None and not self.shadow
+
+    def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
+        """The same limiter with every limit scaled to ``share``, on ``backend``."""
+        raise NotImplementedError
+
+    @property
+    def breaker(self) -> Breaker | None:
+        """The circuit breaker in front of the backend (None: every call goes to it)."""
+        return self._breaker
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend or get_backend()
+
+    def _keys(self, backend: Backend, key: str) -> list[str]:
+        """The key's counter per rate, then (``blockable``) its block."""
+        head = backend.heads.get(self._head_id) or backend.head(self._kind, self.name)
+        suffixes = self._suffixes
+        if len(suffixes) == 1:  # one rate, the common case: no comprehension frame
+            keys = [_keys.tagged(head, key, suffixes[0])]
+        else:
+            keys = [_keys.tagged(head, key, suffix) for suffix in suffixes]
+        if self._blockable:
+            keys.append(_keys.block(head, key))
+        return keys
+
+    def _check_cost(self, cost: object) -> int:
+        check_int(cost, "cost")
+        assert isinstance(cost, int)
+        if cost > self._max_cost:
+            raise ValueError(
+                f"cost {cost} can never be admitted: it is above the limit {self._max_cost}"
+            )
+        return cost
+
+    def _send(self, key: str, cost: int, mode: int, *extra: int) -> Awaitable[Any]:
+        """Check the arguments and start the script; the caller awaits and decodes the reply.
+
+        A plain function, not a coroutine: a decision pays for one coroutine frame fewer.
+        """
+        # The usual call (a non-empty str key, an int cost within the limit) passes both
+        # checks without the calls; anything else goes through them and raises there.
+        if type(key) is not str or not key:
+            check_key(key)
+        if type(cost) is not int or not 0 < cost <= self._max_cost:
+            # A partial hit may ask for more than a limit: it gets what is left.
+            cost = self._check_cost(cost) if mode < _PARTIAL else check_int(cost, "cost")
+        backend = self._backend or get_backend()
+        args = (cost, mode, *self._args, *extra)
+        return backend.run(self._script, self._keys(backend, key), args)
+
+    async def _decide(self, key: str, cost: int, mode: int, *extra: int) -> Decision:
+        if not self._plain and not extra:  # (a TokenBucket waiter's booking: no options)
+            return _guard.cached(self, key, cost, mode) or await _guard.decide(
+                self, key, cost, mode
+            )
+        if _observe.recorder is not None:
+            return await _observe.decide(
+                self.name, self._script.name, self._send, key, cost, mode, *extra
+            )
+        return Decision.from_reply(await self._send(key, cost, mode, *extra))
+
+    async def hit(self, key: str, cost: int = 1, *, partial: bool = False) -> Decision:
+        """Count ``cost`` hits for ``key`` if every rate admits them (a denied hit counts
+        none, unless the limiter was made with ``count_denied=True``).
+
+        ``partial=True``: admit as much of ``cost`` as the tightest rate allows now (at
+        least 1, else denied), atomically; ``Decision.granted`` says how much. ``cost``
+        may then be above the limit.
+        """
+        if partial is False:
+            mode = self._hit_mode
+        elif partial is True:
+            mode = self._hit_mode + _PARTIAL
+        else:
+            raise TypeError(f"partial must be a bool, not {type(partial).__name__}")
+        if not self._plain:
+            return _guard.cached(self, key, cost, mode) or await _guard.decide(
+                self, key, cost, mode
+            )
+        # Instrumentation off costs this one test (benchmarks/bench_observability.py).
+        if _observe.recorder is not None:
+            return await _observe.decide(self.name, self._script.name, self._send, key, cost, mode)
+        return Decision.from_reply(await self._send(key, cost, mode))
+
+    async def peek(self, key: str, cost: int = 1, *, partial: bool = False) -> Decision:
+        """What ``hit`` would answer now; changes nothing."""
+        if partial is not True and partial is not False:
+            raise TypeError(f"partial must be a bool, not {type(partial).__name__}")
+        mode = _PEEK + _PARTIAL if partial else _PEEK
+        if not self._plain:
+            return _guard.cached(self, key, cost, mode) or await _guard.decide(
+                self, key, cost, mode
+            )
+        return Decision.from_reply(await self._send(key, cost, mode))
+
+    async def reset(self, key: str) -> None:
+        """Forget every hit counted for ``key`` (under every rate of this limiter), lift its
+        block, and tell every process's deny cache (one script)."""
+        check_key(key)
+        await self._invalidate(key, reset=True)
+        if self._fallback is not None:
+            await self._fallback.reset(key)
+
+    async def block(self, key: str, seconds: float) -> float:
+        """Deny every hit for ``key`` for ``seconds``, in every process (one script; the
+        block key expires when it ends). A longer block in place is kept. Hits denied by a
+        block are not counted; ``reset`` lifts it. Answers the seconds the block runs.
+
+        Only for a limiter made with ``blockable=True`` (its hits read the block), in every
+        process that uses it."""
+        if not self._blockable:
+            raise TypeError(f"{self!r} was not made with blockable=True: its hits read no block")
+        check_key(key)
+        block_us = to_us(check_seconds(seconds, "seconds"))
+        backend = self._backend or get_backend()
+        head = backend.heads.get(self._head_id) or backend.head(self._kind, self.name)
+        reply = await backend.run(_scripts.LIMITER_BLOCK, [_keys.block(head, key)], (block_us,))
+        # No deny cache to tell: a block only adds denials, and those cached stay true.
+        return from_us(reply[0])
+
+    async def refund(self, key: str, cost: int = 1) -> int:
+        """Give back ``cost`` hits that an admitted hit counted for ``key``, under every rate
+        (one script): never below zero, and only to windows still open (a TokenBucket's
+        TAT moves back, never before the clock). Answers the most given back under any
+        one rate. A cost above what one hit could count raises ``ValueError``."""
+        check_key(key)
+        cost = self._check_cost(cost)
+        backend = self._backend or get_backend()
+        rate_keys = self._keys(backend, key)[: len(self._suffixes)]
+        reply = await backend.run(self._refund_script, rate_keys, (cost, *self._refund_args))
+        await self._invalidate(key)
+        return int(reply[0])
+
+    async def _invalidate(self, key: str, *, reset: bool = False) -> None:
+        """Forget the local denial of ``key`` at once, then tell the other processes (with
+        ``reset``, after removing the key's counters, in the same script)."""
+        await _guard.invalidate(self, key, reset)
+
+    async def acquire(
+        self, key: str, cost: int = 1, *, wait: bool = False, timeout: float | None = None
+    ) -> Decision:
+        """``hit``, raising ``RateLimited`` when denied; with ``wait=True`` wait until
+        admitted, or until ``timeout`` seconds would be exceeded (then ``RateLimited`` at
+        once: no sleep that cannot end in time). Waiting costs one or two script calls per
+        admitted request (``_waiting``): a TokenBucket books its slot, the windows queue
+        their waiters per key, first come first served, behind one that retries."""
+        check_key(key)
+        self._check_cost(cost)
+        timeout = check_timeout(timeout)
+        if wait:
+            return await _waiting.wait(self, key, cost, timeout)
+        decision = await self._decide(key, cost, self._hit_mode)
+        if not decision.allowed:
+            raise RateLimited(f"rate limited: {key!r}", decision=decision)
+        return decision
+
+    def __call__(
+        self, key: str, cost: int = 1, wait: bool = False, timeout: float | None = None
+    ) -> Admission:
+        """``async with limiter(key) as decision:`` runs the block only when admitted."""
+        return Admission(self, key, cost, wait, timeout)
+
+    def limit(
+        self,
+        key: str | Callable[..., str],
+        cost: int = 1,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Coroutine[Any, Any, R]]]:
+        """Decorate an async function so each call first takes a hit for ``key``.
+
+        ``key`` is a string, or a callable given the function's arguments that returns one.
+        The decorated function is a coroutine function (``asyncio.create_task(job(1))``).
+        """
+        if not (isinstance(key, str) or callable(key)):
+            raise TypeError(f"key must be a str or a callable, not {type(key).__name__}")
+        if isinstance(key, str):
+            check_key(key)
+        self._check_cost(cost)
+        check_timeout(timeout)
+
+        def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+            @functools.wraps(fn)
+            async def limited(*args: P.args, **kwargs: P.kwargs) -> R:
+                k = key(*args, **kwargs) if callable(key) else key
+                await self.acquire(k, cost, wait=wait, timeout=timeout)
+                return await fn(*args, **kwargs)
+
+            return limited
+
+        return decorate
+
+
+class Admission:
+    """``async with limiter(key, ...) as decision``: entering takes the hit (and waits, with
+    ``wait=True``) or raises ``RateLimited``; leaving gives nothing back."""
+
+    __slots__ = ("_cost", "_key", "_limiter", "_timeout", "_wait")
+
+    def __init__(
+        self, limiter: Limiter, key: str, cost: int, wait: bool, timeout: float | None
+    ) -> None:
+        self._limiter, self._key, self._cost = limiter, key, cost
+        self._wait, self._timeout = wait, timeout
+
+    async def __aenter__(self) -> Decision:
+        return await self._limiter.acquire(
+            self._key, self._cost, wait=self._wait, timeout=self._timeout
+        )
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # A rate limit is not a resource held by the block: nothing to give back.
+        return None

@@ -1,0 +1,267 @@
+"""The memory twins of the rate-limit scripts: ``lua/fixed_window.lua``,
+``lua/sliding_window.lua``, ``lua/token_bucket.lua``, ``lua/delete.lua`` and
+``lua/rate_invalidate.lua`` (the blocks and refunds are in ``memory_penalties``).
+
+Each function is named like its file, takes the keyspace, the script's KEYS and ARGV and the
+clock reading the script would get from ``TIME`` (µs), follows the Lua line for line and
+answers what it answers (``tests/test_oracle.py`` holds them to the real Lua).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+from ..._scripts import Arg, Reply
+from .keyspace import Keyspace, ceil_div, expired
+
+
+@functools.lru_cache(maxsize=64)
+def _slot_names(slots: int) -> tuple[str, ...]:
+    """The field name of every slot of a ring (``str(i)``), made once per ring size: the
+    sliding window names a slot per bucket on every hit."""
+    return tuple(str(i) for i in range(slots))
+
+
+# -- lua/fixed_window.lua ------------------------------------------------------------------
+
+
+def _mode(arg: Arg) -> tuple[int, bool]:
+    """A limiter script's ARGV[2]: (0 peek / 1 hit / 2 hit counting denied, partial)."""
+    mode = int(arg)
+    return (mode - 4, True) if mode >= 4 else (mode, False)
+
+
+def _blocked(ks: Keyspace, keys: Sequence[str], nrates: int, now: int) -> int:
+    """Microseconds the key's block (``lua/limiter_block.lua``; the KEY after the rates',
+    if sent) still runs, else 0."""
+    if len(keys) <= nrates:
+        return 0
+    block = ks.get(keys[-1], now)
+    return int(block) - now if block is not None and int(block) > now else 0
+
+
+def fixed_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
+    nrates = (len(args) - 2) // 2
+    wait = _blocked(ks, keys, nrates, now)
+    if wait:
+        limit = min(int(args[2 * i]) for i in range(1, nrates + 1))
+        return [0, limit, 0, wait, wait, now, 0]
+    cost = int(args[0])
+    mode, partial = _mode(args[1])
+    if nrates == 1 and not partial:
+        return _fixed_window_one(ks, keys[0], cost, mode, args, now)
+    counts: list[int] = []
+    ends: list[int] = []
+    for i, key in enumerate(keys[:nrates]):
+        window = int(args[3 + 2 * i])
+        count = ks.get(key, now) or 0
+        ends_at = 0
+        if count > 0:
+            ends_at = ks.pexpiretime(key) * 1000
+        if count == 0 or ends_at <= now:
+            count = 0
+            ends_at = now + window
+        counts.append(count)
+        ends.append(ends_at)
+    if partial:
+        cost = max(1, min(cost, *(int(args[2 + 2 * i]) - counts[i] for i in range(nrates))))
+    allowed = 1
+    best_limit, best_rem, best_reset, best_retry = 0, -1, 0, 0
+    for i in range(nrates):
+        limit = int(args[2 + 2 * i])
+        rem = limit - counts[i]
+        reset = min(ends[i] - now, int(args[3 + 2 * i]))
+        if cost > rem:
+            if allowed == 1 or reset > best_retry:
+                best_limit, best_rem, best_reset, best_retry = limit, rem, reset, reset
+            allowed = 0
+        elif allowed == 1:
+            rem -= cost
+            if best_rem < 0 or rem < best_rem or (rem == best_rem and reset > best_reset):
+                best_limit, best_rem, best_reset = limit, rem, reset
+    if (allowed == 1 and mode >= 1) or (allowed == 0 and mode == 2):
+        for i, key in enumerate(keys[:nrates]):
+            if counts[i] == 0:
+                ks.set(key, cost, ceil_div(ends[i], 1000))
+            else:
+                ks.data[key] += cost
+    return [allowed, best_limit, best_rem, best_reset, best_retry, now, allowed * cost]
+
+
+def _fixed_window_one(
+    ks: Keyspace, key: str, cost: int, mode: int, args: Sequence[Arg], now: int
+) -> Reply:
+    """``fixed_window`` for one rate, the common case, with the loop and the
+    multi-rate bookkeeping folded away (same decisions: the model test pairs both with
+    the Lua)."""
+    limit, window = int(args[2]), int(args[3])
+    count = ks.data.get(key)
+    ends_at = 0
+    if count is not None:
+        exp = ks.exp.get(key)
+        if exp is None:
+            ends_at = -1000
+        elif expired(exp, now):
+            del ks.data[key], ks.exp[key]
+            count = None
+        else:
+            ends_at = exp * 1000
+    if count is None or ends_at <= now:
+        count = 0
+        ends_at = now + window
+        fresh = True
+    else:
+        fresh = False
+    rem = limit - count
+    reset = min(ends_at - now, window)
+    if cost > rem:
+        if mode == 2 and not fresh:
+            ks.data[key] = count + cost
+        return [0, limit, rem, reset, reset, now, 0]
+    if mode >= 1:
+        if fresh:
+            ks.data[key] = cost
+            ks.exp[key] = ceil_div(ends_at, 1000)
+        else:
+            ks.data[key] = count + cost
+    return [1, limit, rem - cost, reset, 0, now, cost]
+
+
+# -- lua/sliding_window.lua ----------------------------------------------------------------
+
+
+def sliding_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
+    nrates = (len(args) - 3) // 2
+    wait = _blocked(ks, keys, nrates, now)
+    if wait:
+        limit = min(int(args[1 + 2 * i]) for i in range(1, nrates + 1))
+        return [0, limit, 0, wait, wait, now, 0]
+    cost, n = int(args[0]), int(args[2])
+    mode, partial = _mode(args[1])
+    slots = n + 1
+    slot = _slot_names(slots)
+    size: list[int] = []
+    current: list[int] = []
+    newest: list[int] = []
+    rings: list[list[int]] = []
+    totals: list[int] = []
+    # (The Lua answers one rate whose newest bucket is current from the sum of its ring, a
+    # shortcut for the server's sake: the same answer as the loop below, which the oracle
+    # and its test of the bucket after the newest hold it to.)
+    for i, key in enumerate(keys[:nrates]):
+        b = (int(args[4 + 2 * i]) + n - 1) // n
+        c = now // b
+        h: dict[str, int] = ks.get(key, now) or {}
+        last = h.get("c", -1)
+        if last > c:
+            c = last
+        counts = [0] * (n + 1)
+        total = 0
+        first = max(c - n, last - n)
+        s = first % slots
+        for idx in range(first, last + 1):
+            v = h.get(slot[s], 0)
+            counts[idx - c + n] = v
+            total += v
+            s = s + 1 if s + 1 < slots else 0
+        size.append(b)
+        current.append(c)
+        newest.append(last)
+        rings.append(counts)
+        totals.append(total)
+    if partial:
+        cost = max(1, min(cost, *(int(args[3 + 2 * i]) - totals[i] for i in range(nrates))))
+    allowed = 1
+    best_limit, best_rem, best_reset, best_retry = 0, -1, 0, 0
+    for i in range(nrates):
+        limit = int(args[3 + 2 * i])
+        b, c, counts, total = size[i], current[i], rings[i], totals[i]
+        rem = limit - total
+        if cost > rem:
+            k, freed = 0, 0
+            while k < n and total - freed + cost > limit:
+                freed += counts[k]
+                if total - freed + cost > limit:
+                    k += 1
+            retry = (c + k + 1) * b - now
+            top = n
+            while top > 0 and counts[top] == 0:
+                top -= 1
+            reset = (c + top + 1) * b - now
+            if allowed == 1 or retry > best_retry:
+                best_limit, best_rem, best_reset, best_retry = limit, rem, reset, retry
+            allowed = 0
+        elif allowed == 1:
+            rem -= cost
+            reset = (c + n + 1) * b - now
+            if best_rem < 0 or rem < best_rem or (rem == best_rem and reset > best_reset):
+                best_limit, best_rem, best_reset = limit, rem, reset
+    if (allowed == 1 and mode >= 1) or (allowed == 0 and mode == 2):
+        for i, key in enumerate(keys[:nrates]):
+            c, last = current[i], newest[i]
+            field = slot[c % slots]
+            ring: dict[str, int] | None = ks.get(key, now)
+            if c == last and ring is not None:
+                ring[field] = ring.get(field, 0) + cost
+                continue
+            if ring is None or c - last > n:
+                ring = {}
+                ks.set(key, ring)
+            else:
+                for idx in range(last + 1, c):
+                    ring.pop(slot[idx % slots], None)
+            ring[field] = cost
+            ring["c"] = c
+            ks.pexpireat(key, ceil_div((c + n + 1) * size[i], 1000))
+    return [allowed, best_limit, best_rem, best_reset, best_retry, now, allowed * cost]
+
+
+# -- lua/token_bucket.lua ------------------------------------------------------------------
+
+
+def token_bucket(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
+    burst, interval = int(args[2]), int(args[3])
+    wait = _blocked(ks, keys, 1, now)
+    if wait:
+        return [0, burst, 0, wait, wait, now, 0]
+    cost = int(args[0])
+    mode, partial = _mode(args[1])
+    max_wait = int(args[4]) if len(args) > 4 else 0
+    tat = ks.get(keys[0], now) or 0
+    if tat < now:
+        tat = now
+    capacity = burst * interval
+    if partial:
+        cost = max(1, min(cost, (capacity - (tat - now)) // interval))
+    new_tat = tat + cost * interval
+    if new_tat - now > capacity:
+        retry = new_tat - capacity - now
+        if mode == 1 and retry <= max_wait:
+            ks.set(keys[0], new_tat, ceil_div(new_tat, 1000))
+            return [1, burst, 0, capacity, retry, now, cost]
+        if mode == 2:
+            pushed = min(new_tat, now + 2 * capacity)
+            if pushed > tat:
+                ks.set(keys[0], pushed, ceil_div(pushed, 1000))
+        return [0, burst, (capacity - (tat - now)) // interval, tat - now, retry, now, 0]
+    if mode >= 1:
+        ks.set(keys[0], new_tat, ceil_div(new_tat, 1000))
+    return [1, burst, (capacity - (new_tat - now)) // interval, new_tat - now, 0, now, cost]
+
+
+# -- lua/delete.lua ------------------------------------------------------------------------
+
+
+def delete(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
+    return sum(ks.delete(key, now) for key in keys)
+
+
+# -- lua/rate_invalidate.lua ---------------------------------------------------------------
+
+
+def rate_invalidate(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
+    reset, channel = str(args[0]) == "1", str(args[1])
+    removed = sum(ks.delete(key, now) for key in keys) if reset else 0
+    ks.publish(channel, "")
+    return removed

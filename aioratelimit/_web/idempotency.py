@@ -1,0 +1,353 @@
+"""The ASGI idempotency middleware: each ``Idempotency-Key`` runs its request once.
+
+``IdempotencyMiddleware`` reads and checks the key, buffers the request body (bounded by
+``max_body``) to fingerprint it, then claims the key in an ``IdempotencyStore``: the first
+request runs the app under a ``Recorder`` from ``_response_records`` and its response is
+stored; a repeat is answered from the record. ``asgi.py`` re-exports the class (and
+``parse_idempotency_key``); the client key and the problem answers come from
+``_request_keys`` and ``_http_answers``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import re
+from collections.abc import Awaitable, Callable, Iterable
+
+from .._args import check_int, check_seconds
+from .._backend import Backend
+from .._errors import BackendUnavailable, IdempotencyKeyMismatch
+from .._idempotency.store import Claimed, IdempotencyStore, InProgress, Replay
+from .answers import (
+    UNAVAILABLE_RETRY_AFTER,
+    OutageLog,
+    retry_after,
+    send_problem,
+    unavailable_detail,
+)
+from .records import Recorder, send_recorded
+from .request_keys import KeyFunc, check_key_func, client_ip, header_values, resolve, user_id
+from .routes import Template, matches_any, methods_of, route_path, templates
+from .types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger("aioratelimit")
+
+#: Longest ``Idempotency-Key`` value accepted (a UUID is 36).
+MAX_IDEMPOTENCY_KEY = 255
+
+_BARE_KEY = re.compile(r"[!-~]{1,255}")
+# A Structured Field string (RFC 8941): printable ASCII, with \" and \\ escaped.
+_SF_STRING = re.compile(r'"((?:[ !#-\[\]-~]|\\["\\]){1,255})"')
+
+
+#: Statuses stored (and replayed) by default: success, and 303 See Other, the answer of a
+#: completed POST that redirects. 4xx are not: 401, 403, 409 and 429 say nothing final
+#: about the request, and a retry with a fresh token must run.
+STORED = frozenset([*range(200, 300), 303])
+
+#: ``fingerprint(scope, body)``: what identifies a request's content (str or bytes, sync or
+#: async); a key reused with another fingerprint is 422.
+FingerprintFunc = Callable[[Scope, bytes], "str | bytes | Awaitable[str | bytes]"]
+
+
+def request_fingerprint(scope: Scope, body: bytes) -> bytes:
+    """The default fingerprint: method, path, query string and a SHA-256 of the body."""
+    return b"\0".join(
+        (
+            scope["method"].encode(),
+            scope["path"].encode("utf-8", "surrogateescape"),
+            bytes(scope.get("query_string", b"")),
+            hashlib.sha256(body).digest(),
+        )
+    )
+
+
+def default_client() -> KeyFunc:
+    """Whose keys a request's are: the authenticated user in ``scope["user"]`` (Starlette's
+    ``AuthenticationMiddleware``), else the client's IP address."""
+    return user_id(fallback=client_ip())
+
+
+def status_filter(stored: Iterable[int] | Callable[[int], bool]) -> Callable[[int], bool]:
+    """``stored`` as a predicate on the status: statuses (a ``range`` too) or a function."""
+    if callable(stored):
+        return stored
+    statuses = frozenset(stored)
+    for status in statuses:
+        if isinstance(status, bool) or not isinstance(status, int):
+            raise TypeError(f"stored must hold int statuses, not {type(status).__name__}")
+        if not 200 <= status <= 599:
+            raise ValueError(f"a stored status must be a final status, 200 to 599: {status}")
+    return statuses.__contains__
+
+
+async def call_fingerprint(fingerprint: FingerprintFunc, scope: Scope, body: bytes) -> str | bytes:
+    value = fingerprint(scope, body)
+    if inspect.isawaitable(value):
+        value = await value
+    if not isinstance(value, (str, bytes)):
+        raise TypeError(f"fingerprint must return str or bytes, not {type(value).__name__}")
+    return value
+
+
+def parse_idempotency_key(value: str) -> str | None:
+    """The key from an ``Idempotency-Key`` field: a Structured Field string (as the IETF
+    draft has it, ``"8e03978e-..."``) or, leniently, a bare token of visible ASCII. ``None``
+    when malformed (empty, too long, control or non-ASCII characters)."""
+    value = value.strip(" \t")
+    if value.startswith('"'):
+        m = _SF_STRING.fullmatch(value)
+        if m is None:
+            return None
+        return re.sub(r"\\(.)", r"\1", m[1])
+    return value if _BARE_KEY.fullmatch(value) else None
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class _Disconnected(Exception):
+    pass
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    """The whole request body, or ``_BodyTooLarge`` once it exceeds ``limit`` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+class IdempotencyMiddleware:
+    """Runs each ``Idempotency-Key`` once (draft-ietf-httpapi-idempotency-key-header).
+
+    Requests with a method in ``methods`` that carry an ``Idempotency-Key`` are run once per
+    (client, key): the first runs the app and, if its status is one of ``stored`` (2xx and
+    303 by default; statuses, a ``range`` or a predicate), its response (status, safe
+    headers, body) is stored for ``ttl`` seconds; a later request with the same key gets
+    that response again with ``Idempotent-Replayed: true``, without running anything. Any
+    other response frees the key at once: a retry runs. The key is scoped per client
+    (``client(scope)``, by default the authenticated ``scope["user"]``, else the IP address
+    as ``client_ip()`` judges it) and bound to the request's ``fingerprint(scope, body)``,
+    by default ``request_fingerprint``: method, path, query string and a SHA-256 of the body.
+
+    - ``400`` (problem+json) when the key is malformed, or missing on a path that requires
+      it (``require=True``: every path; or a list of path templates);
+    - ``409`` with ``Retry-After`` while the first request with the key still runs (or, with
+      ``wait`` seconds > 0, after waiting that long for it to finish and replaying it);
+    - ``422`` when the key comes again with another method, path, query or body;
+    - ``413`` when the body is over ``max_body`` bytes (never a silent bypass);
+    - failures and responses outside ``stored`` are not stored: the key is free for a retry
+      at once. A response over ``max_response`` bytes is not stored either (logged).
+    - The first request holds the key under a ``lease`` (seconds), renewed while it runs; if
+      the process dies, the key is free once the lease has passed.
+    - Backend unreachable: ``503`` with ``Retry-After`` (fail closed), or with
+      ``fail_open=True`` the request runs unprotected; a WARNING either way.
+    """
+
+    __slots__ = (
+        "_exempt",
+        "_outage",
+        "_require",
+        "_retry_unavailable",
+        "_stored",
+        "app",
+        "client",
+        "fail_open",
+        "fingerprint",
+        "max_body",
+        "max_response",
+        "methods",
+        "store",
+        "wait",
+    )
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        backend: Backend | None = None,
+        methods: Iterable[str] = ("POST", "PATCH"),
+        require: bool | Iterable[str] = False,
+        exempt: Iterable[str] | str = (),
+        client: KeyFunc | None = None,
+        max_body: int = 1 << 20,
+        max_response: int = 1 << 20,
+        ttl: float = 86400.0,
+        lease: float = 30.0,
+        wait: float = 0.0,
+        fail_open: bool = False,
+        name: str = "http",
+        unavailable_retry_after: float = UNAVAILABLE_RETRY_AFTER,
+        stored: Iterable[int] | Callable[[int], bool] = STORED,
+        fingerprint: FingerprintFunc | None = None,
+    ) -> None:
+        self.app = app
+        self._stored = status_filter(stored)
+        if fingerprint is not None and not callable(fingerprint):
+            raise TypeError(f"fingerprint must be a callable, not {type(fingerprint).__name__}")
+        self.fingerprint = fingerprint or request_fingerprint
+        ms = methods_of(tuple(methods))
+        if ms is None:
+            raise ValueError("methods must name the methods to protect, not '*'")
+        self.methods = ms
+        if isinstance(require, bool):
+            self._require: bool | tuple[Template, ...] = require
+        else:
+            self._require = templates(require)
+        self._exempt = templates(exempt)
+        client = check_key_func(client, "client")
+        self.client = default_client() if client is None else client
+        self.max_body = check_int(max_body, "max_body", minimum=0)
+        self.max_response = check_int(max_response, "max_response", minimum=0)
+        self.wait = check_seconds(wait, "wait", allow_zero=True)
+        self.fail_open = bool(fail_open)
+        # Room for the head line (status and headers) on top of the body.
+        self.store = IdempotencyStore(
+            backend, ttl=ttl, lease=lease, name=name, max_bytes=self.max_response + (64 << 10)
+        )
+        self._retry_unavailable = (retry_after(unavailable_retry_after),)
+        self._outage = OutageLog("IdempotencyMiddleware")
+
+    def _required(self, path: str) -> bool:
+        if isinstance(self._require, bool):
+            return self._require
+        return matches_any(self._require, path)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in self.methods:
+            await self.app(scope, receive, send)
+            return
+        path = route_path(scope)
+        if matches_any(self._exempt, path):
+            await self.app(scope, receive, send)
+            return
+        values = header_values(scope, b"idempotency-key")
+        if not values:
+            if self._required(path):
+                await send_problem(send, 400, "this request needs an Idempotency-Key header")
+            else:
+                await self.app(scope, receive, send)
+            return
+        idem = parse_idempotency_key(values[0]) if len(values) == 1 else None
+        if idem is None:
+            await send_problem(
+                send,
+                400,
+                "malformed Idempotency-Key: expected one quoted string of 1 to"
+                f" {MAX_IDEMPOTENCY_KEY} visible ASCII characters",
+            )
+            return
+        if self._declared_length(scope) > self.max_body:
+            await self._too_large(send)
+            return
+        try:
+            body = await _read_body(receive, self.max_body)
+        except _BodyTooLarge:
+            await self._too_large(send)
+            return
+        except _Disconnected:
+            return
+        who = await resolve(self.client, scope) or "-"
+        key = f"{len(who)}:{who}:{idem}"
+        fingerprint = await call_fingerprint(self.fingerprint, scope, body)
+        replayed = _replayer(body, receive)
+        try:
+            if self.wait > 0:
+                outcome = await self.store.wait(key, fingerprint, timeout=self.wait)
+            else:
+                outcome = await self.store.claim(key, fingerprint)
+        except IdempotencyKeyMismatch:
+            await send_problem(
+                send,
+                422,
+                "this Idempotency-Key was already used with another request"
+                " (method, path, query or body differ)",
+            )
+            return
+        except BackendUnavailable as exc:
+            self._outage(exc, self.fail_open)
+            if self.fail_open:
+                await self.app(scope, replayed, send)
+            else:
+                await send_problem(
+                    send, 503, unavailable_detail("idempotency"), self._retry_unavailable
+                )
+            return
+        if isinstance(outcome, InProgress):
+            # The first request usually ends well within its lease: ask for a prompt retry.
+            await send_problem(
+                send,
+                409,
+                "a request with this Idempotency-Key is still being processed",
+                (retry_after(1),),
+            )
+            return
+        if isinstance(outcome, Replay):
+            await send_recorded(send, outcome.payload)
+            return
+        await self._run(scope, replayed, send, outcome)
+
+    async def _run(self, scope: Scope, receive: Receive, send: Send, claimed: Claimed) -> None:
+        recorder = Recorder(send, self.max_response)
+        async with self.store.running(claimed):
+            await self.app(scope, receive, recorder)
+            if not recorder.storable(self._stored):
+                if recorder.overflow and recorder.complete:
+                    log.warning(
+                        "IdempotencyMiddleware: the response to %s %s is over max_response"
+                        " (%d bytes) or not replayable: not stored, the key is free again",
+                        scope["method"],
+                        scope["path"],
+                        self.max_response,
+                    )
+                return  # leaving the block releases the key
+            try:
+                await self.store.complete(claimed, recorder.payload())
+            except BackendUnavailable as exc:
+                # The client has its response; a retry will run again once the lease passes.
+                self._outage(exc, self.fail_open)
+
+    @staticmethod
+    def _declared_length(scope: Scope) -> int:
+        for k, v in scope.get("headers") or ():
+            if k == b"content-length":
+                try:
+                    return int(v)
+                except ValueError:
+                    return 0  # the server rejects it; the streamed count still applies
+        return 0
+
+    async def _too_large(self, send: Send) -> None:
+        await send_problem(
+            send, 413, f"the request body is over the {self.max_body} bytes this endpoint accepts"
+        )
+
+    def __repr__(self) -> str:
+        methods = ",".join(sorted(self.methods))
+        return f"<IdempotencyMiddleware {methods} {self.store!r} fail_open={self.fail_open}>"
+
+
+def _replayer(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the app the body already read, then the real channel (for
+    ``http.disconnect``)."""
+    pending: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replay() -> Message:
+        if pending:
+            return pending.pop()
+        return await receive()
+
+    return replay

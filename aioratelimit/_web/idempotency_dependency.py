@@ -1,0 +1,253 @@
+"""``Depends(IdempotencyKey(...))``: the ``Idempotency-Key`` of one FastAPI route.
+
+A dependency runs before the endpoint and never sees its response, so this one works on the
+endpoint's *result*: it reads and checks the key (400), scopes it per principal (the value
+of any FastAPI dependency, such as the route's own authentication: FastAPI auth never fills
+``scope["user"]``), binds it to the request's fingerprint (422) and claims it (409 while
+the first request runs). Its value, an ``IdempotentRequest``, runs the side effect once::
+
+    return await idem.run(charge, account, payment)
+
+The first request runs ``charge`` and stores its result (``_results.Codec``: pydantic models
+and dataclasses included); a retry gets that result back without running anything, and
+FastAPI turns it into the same response, marked ``Idempotent-Replayed: true``. Reads the
+ASGI middleware's key parsing and fingerprint (``_asgi_idempotency``); ``fastapi.py``
+re-exports both classes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar, cast
+
+from fastapi import Depends, Request, Response
+
+from .._args import check_int, check_seconds
+from .._backend import Backend
+from .._errors import BackendUnavailable, IdempotencyKeyMismatch
+from .._idempotency.results import JSON, RECORD_OVERHEAD, Codec, Serializer
+from .._idempotency.store import MAX_RESULT_BYTES, Claimed, IdempotencyStore, InProgress, Replay
+from .answers import UNAVAILABLE_RETRY_AFTER, OutageLog
+from .idempotency import (
+    MAX_IDEMPOTENCY_KEY,
+    FingerprintFunc,
+    call_fingerprint,
+    default_client,
+    parse_idempotency_key,
+    request_fingerprint,
+)
+from .problems import ProblemException, unavailable
+from .request_keys import KeyFunc, check_key_func, identity, resolve
+
+log = logging.getLogger("aioratelimit")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: Functions whose codec (return annotation read once) a dependency remembers.
+CODEC_CACHE = 64
+
+
+class IdempotentRequest:
+    """The value of ``Depends(IdempotencyKey(...))``: ``await idem.run(fn, *args)`` runs
+    ``fn`` once per key, or returns the result the first request with the key stored.
+
+    ``key`` is the ``Idempotency-Key`` (``None`` when the request has none and the key is
+    optional, or when the backend is down and the dependency fails open: then ``run``
+    simply runs ``fn``); ``replayed`` tells whether this request is a retry being answered
+    from the store.
+    """
+
+    __slots__ = ("_claimed", "_owner", "_payload", "key", "replayed")
+
+    def __init__(
+        self,
+        owner: IdempotencyKey,
+        key: str | None,
+        claimed: Claimed | None = None,
+        payload: bytes | None = None,
+    ) -> None:
+        self._owner = owner
+        self.key = key
+        self._claimed = claimed
+        self._payload = payload
+        self.replayed = payload is not None
+
+    async def run(self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run ``fn(*args, **kwargs)`` for the first request with this key and store its
+        result; for a retry, return that result (rebuilt into ``fn``'s return annotation)."""
+        codec = self._owner.codec(fn)
+        codec.check()  # a return type JSON cannot hold: TypeError before fn runs
+        if self._payload is not None:
+            return cast(R, codec.replay(self.key or "", self._payload))
+        claimed = self._claimed
+        if claimed is None:
+            return await fn(*args, **kwargs)
+        if claimed.settled:
+            raise RuntimeError("IdempotentRequest.run() runs once per request")
+        result = await fn(*args, **kwargs)
+        record = codec.record(claimed.key, result)
+        try:
+            await self._owner.store.complete(claimed, record)
+        except BackendUnavailable as exc:
+            # The endpoint has its result; a retry runs again once the lease passes.
+            log.warning("aioratelimit: the result of %r was not stored: %s", claimed.key, exc)
+        return result
+
+    def __repr__(self) -> str:
+        return f"<IdempotentRequest key={self.key!r} replayed={self.replayed}>"
+
+
+class IdempotencyKey:
+    """``Depends(IdempotencyKey(principal=current_account))``: ``Idempotency-Key`` for one
+    route; the dependency's value is an ``IdempotentRequest`` (see the module docstring).
+
+    - ``400`` when the key is malformed, or missing and ``required`` (the default; with
+      ``required=False`` a request without a key runs unprotected);
+    - the key is scoped per principal: the value of the FastAPI dependency ``principal``
+      (a str or int id, or an object with ``identity``, ``id`` or ``username``), shared with
+      the endpoint's own ``Depends(principal)`` (FastAPI runs it once). Without one, or when
+      it answers ``None``, ``client(scope)``: by default ``scope["user"]``, else the IP;
+    - ``422`` when the key comes again with another ``fingerprint(scope, body)`` (by
+      default the method, path, query string and body);
+    - ``409`` with ``Retry-After`` while the first request runs (or, with ``wait`` seconds,
+      after waiting that long for its result);
+    - if the endpoint raises, nothing is stored and the key is free at once; ``ttl``,
+      ``lease``, ``serializer`` and ``max_result_bytes`` are ``@arl.idempotent``'s;
+    - backend unreachable: ``503`` with ``Retry-After``, or with ``fail_open=True`` the
+      endpoint runs unprotected; a WARNING either way.
+    """
+
+    __slots__ = (
+        "__signature__",
+        "_codecs",
+        "_max_result_bytes",
+        "_outage",
+        "_retry_unavailable",
+        "client",
+        "fail_open",
+        "fingerprint",
+        "required",
+        "serializer",
+        "store",
+        "wait",
+    )
+
+    def __init__(
+        self,
+        *,
+        principal: Callable[..., Any] | None = None,
+        client: KeyFunc | None = None,
+        required: bool = True,
+        fingerprint: FingerprintFunc | None = None,
+        ttl: float = 86400.0,
+        lease: float = 30.0,
+        wait: float = 0.0,
+        serializer: Serializer = JSON,
+        max_result_bytes: int = MAX_RESULT_BYTES,
+        fail_open: bool = False,
+        name: str = "route",
+        backend: Backend | None = None,
+        unavailable_retry_after: float = UNAVAILABLE_RETRY_AFTER,
+    ) -> None:
+        if principal is not None and not callable(principal):
+            raise TypeError(f"principal must be a dependency, not {type(principal).__name__}")
+        if fingerprint is not None and not callable(fingerprint):
+            raise TypeError(f"fingerprint must be a callable, not {type(fingerprint).__name__}")
+        if not all(callable(getattr(serializer, m, None)) for m in ("dumps", "loads")):
+            raise TypeError("serializer must have dumps(obj) and loads(data) methods")
+        self.client = check_key_func(client, "client") or default_client()
+        self.required = bool(required)
+        self.fingerprint = fingerprint or request_fingerprint
+        self.wait = check_seconds(wait, "wait", allow_zero=True)
+        self.serializer = serializer
+        self._max_result_bytes = check_int(max_result_bytes, "max_result_bytes")
+        self.fail_open = bool(fail_open)
+        self.store = IdempotencyStore(
+            backend, ttl=ttl, lease=lease, name=name, max_bytes=max_result_bytes + RECORD_OVERHEAD
+        )
+        self._retry_unavailable = unavailable_retry_after
+        self._outage = OutageLog("IdempotencyKey dependency")
+        self._codecs: dict[Callable[..., Any], Codec] = {}
+        # FastAPI reads the parameters from this signature: the principal is a dependency
+        # of ours, so FastAPI resolves it (once per request, shared with the endpoint).
+        params = [
+            inspect.Parameter("request", inspect.Parameter.KEYWORD_ONLY, annotation=Request),
+            inspect.Parameter("response", inspect.Parameter.KEYWORD_ONLY, annotation=Response),
+        ]
+        if principal is not None:
+            params.append(
+                inspect.Parameter(
+                    "principal",
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=Depends(principal),
+                    annotation=Any,
+                )
+            )
+        self.__signature__ = inspect.Signature(params)
+
+    def codec(self, fn: Callable[..., Any]) -> Codec:
+        """The codec of ``fn`` (its return annotation read once)."""
+        codec = self._codecs.get(fn)
+        if codec is None:
+            if len(self._codecs) >= CODEC_CACHE:
+                self._codecs.clear()  # lambdas made per request: do not keep them all
+            codec = self._codecs[fn] = Codec(fn, self.serializer, self._max_result_bytes)
+        return codec
+
+    async def __call__(
+        self, *, request: Request, response: Response, principal: Any = None
+    ) -> AsyncIterator[IdempotentRequest]:
+        values = request.headers.getlist("idempotency-key")
+        if not values:
+            if self.required:
+                raise ProblemException(400, "this request needs an Idempotency-Key header")
+            yield IdempotentRequest(self, None)
+            return
+        idem = parse_idempotency_key(values[0]) if len(values) == 1 else None
+        if idem is None:
+            raise ProblemException(
+                400,
+                "malformed Idempotency-Key: expected one quoted string of 1 to"
+                f" {MAX_IDEMPOTENCY_KEY} visible ASCII characters",
+            )
+        who = identity(principal) or await resolve(self.client, request.scope) or "-"
+        key = f"{len(who)}:{who}:{idem}"
+        fp = await call_fingerprint(self.fingerprint, request.scope, await request.body())
+        try:
+            if self.wait > 0:
+                outcome = await self.store.wait(key, fp, timeout=self.wait)
+            else:
+                outcome = await self.store.claim(key, fp)
+        except IdempotencyKeyMismatch:
+            raise ProblemException(
+                422,
+                "this Idempotency-Key was already used with another request"
+                " (method, path, query or body differ)",
+            ) from None
+        except BackendUnavailable as exc:
+            self._outage(exc, self.fail_open)
+            if not self.fail_open:
+                raise unavailable("idempotency", self._retry_unavailable) from exc
+            outcome = None
+        if outcome is None:
+            yield IdempotentRequest(self, None)
+        elif isinstance(outcome, InProgress):
+            raise ProblemException(
+                409,
+                "a request with this Idempotency-Key is still being processed",
+                {"Retry-After": "1"},
+            )
+        elif isinstance(outcome, Replay):
+            response.headers["Idempotent-Replayed"] = "true"
+            yield IdempotentRequest(self, idem, payload=outcome.payload)
+        else:
+            # Leaving the block without a stored result (the endpoint raised, or never
+            # called run) releases the key.
+            async with self.store.running(outcome):
+                yield IdempotentRequest(self, idem, claimed=outcome)
+
+    def __repr__(self) -> str:
+        return f"<IdempotencyKey {self.store!r} required={self.required}>"

@@ -1,0 +1,114 @@
+"""Which limiter, cost and policy a request is counted under.
+
+``RateLimitMiddleware``, its ``Rule``s and the FastAPI ``RateLimit`` dependency take a
+limiter, or a ``LimiterFunc``: a callable given the request's scope (sync or async) that
+picks the limiter, and the cost if it likes, per request. That is how tiers are written
+("free" 10 a minute, "pro" 1000) without one middleware per tier. ``Plan`` holds either and
+answers each request with a ``Pick``. Reads ``_http_answers`` (the policies) and
+``_request_keys`` (the key function), and no middleware module.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+
+from .._args import check_int
+from .._limits.limiter import Limiter
+from .answers import Policy, check_limiter
+from .request_keys import KeyFunc
+from .types import Scope
+
+#: What a ``LimiterFunc`` answers: a limiter (counted at the plan's cost), a limiter and
+#: the cost of this request, or ``None``: this request is not limited.
+Choice = Limiter | tuple[Limiter, int] | None
+#: Picks the limiter (and the cost) for a request from its ASGI scope; sync or async.
+LimiterFunc = Callable[[Scope], Choice | Awaitable[Choice]]
+
+#: Policies remembered for limiters a ``LimiterFunc`` picked (emptied when full: a
+#: function that built a new limiter per request must not grow this without bound).
+POLICY_CACHE = 256
+
+
+class Pick:
+    """One request's limiter, cost, key function and policy."""
+
+    __slots__ = ("cost", "key", "limiter", "policy")
+
+    def __init__(self, limiter: Limiter, cost: int, key: KeyFunc, policy: Policy) -> None:
+        self.limiter, self.cost, self.key, self.policy = limiter, cost, key, policy
+
+
+class Plan:
+    """A limiter or a ``LimiterFunc``, with the key, cost and policy name that go with it.
+
+    The policy is named ``name`` if given, else the limiter's own ``name``, else
+    ``fallback_name``.
+    """
+
+    __slots__ = ("_cost", "_fixed", "_func", "_policies", "fallback_name", "key", "name")
+
+    def __init__(
+        self,
+        limiter: Limiter | LimiterFunc,
+        key: KeyFunc,
+        cost: int,
+        name: str | None,
+        fallback_name: str,
+    ) -> None:
+        if name is not None:
+            Policy.check_name(name)
+        Policy.check_name(fallback_name)
+        self.key, self.name, self.fallback_name = key, name, fallback_name
+        self._policies: dict[Limiter, Policy] = {}
+        self._fixed: Pick | None = None
+        self._func: LimiterFunc | None = None
+        if isinstance(limiter, Limiter):
+            fixed = check_limiter(limiter)
+            self._fixed = Pick(fixed, fixed._check_cost(cost), key, self._policy(fixed))
+        elif callable(limiter):
+            self._func = limiter
+        else:
+            raise TypeError(
+                "limiter must be a FixedWindow, SlidingWindow or TokenBucket, or a function"
+                f" of the scope that picks one, not {type(limiter).__name__}"
+            )
+        self._cost = cost if self._fixed is not None else check_int(cost, "cost")
+
+    @property
+    def limiter(self) -> Limiter | LimiterFunc:
+        return self._fixed.limiter if self._fixed is not None else self._func  # type: ignore[return-value]
+
+    def _policy(self, limiter: Limiter) -> Policy:
+        policy = self._policies.get(limiter)
+        if policy is None:
+            if len(self._policies) >= POLICY_CACHE:
+                self._policies.clear()
+            policy = Policy(limiter, self.name or limiter.name or self.fallback_name)
+            self._policies[limiter] = policy
+        return policy
+
+    async def pick(self, scope: Scope) -> Pick | None:
+        """This request's pick, or ``None`` when the ``LimiterFunc`` leaves it unlimited."""
+        if self._fixed is not None:
+            return self._fixed
+        assert self._func is not None
+        choice = self._func(scope)
+        if inspect.isawaitable(choice):
+            choice = await choice
+        if choice is None:
+            return None
+        if isinstance(choice, tuple) and len(choice) == 2:
+            limiter, cost = choice
+        else:
+            limiter, cost = choice, self._cost
+        if not isinstance(limiter, Limiter):
+            raise TypeError(
+                "the limiter function must return a limiter, (limiter, cost) or None,"
+                f" not {choice!r}"
+            )
+        # A cost above this limiter's limit is a bug in the function: ValueError, no hit.
+        return Pick(limiter, limiter._check_cost(cost), self.key, self._policy(limiter))
+
+    def __repr__(self) -> str:
+        return repr(self.limiter)
