@@ -29,7 +29,7 @@ keep mypy's cache in pytest's (typecheck.py): the same checks, beside the foregr
 
 ``AIORATELIMIT_TEST_LOOP=uvloop`` runs every async test and async fixture on uvloop instead
 of asyncio's own loop (pytest-asyncio's loop factory hook, below), and the loops the tests
-make themselves with loops.run / loops.new_loop; tests/test_loop.py pins both.
+make themselves with loops.run / loops.new_loop; tests/core/test_loop.py pins both.
 
 A test that starts a server its marks do not name fails at once (servers.check_permitted),
 so the marks cannot drift from what the tests do: a server fixture that a test fetches with
@@ -44,14 +44,12 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 
 import hypothesis  # (imported early: a late import trips a CPython 3.11 AST bug)
-import jobs
-import loops
 import pytest
 import redis
-import typecheck
-from cluster_fixtures import RedisClusterDeployment, SentinelDeployment, sync_client
-from servers import RedisServer, permit, remove_scratch
-from tls_servers import mtls_redis, pki, plain_redis, tls_redis  # noqa: F401  (TLS, ACL servers)
+from support import jobs, loops, typecheck
+from support.cluster_fixtures import RedisClusterDeployment, SentinelDeployment, sync_client
+from support.servers import RedisServer, permit, remove_scratch
+from support.tls_servers import mtls_redis, pki, plain_redis, tls_redis  # noqa: F401  (TLS, ACL servers)
 
 import aioratelimit as arl
 
@@ -90,7 +88,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Refuse an event loop name this suite does not know (instead of silently using asyncio);
-    keep the type checks' mypy cache in pytest's (tests/typecheck.py)."""
+    keep the type checks' mypy cache in pytest's (tests/support/typecheck.py)."""
     if loops.NAME not in loops.NAMES:
         raise pytest.UsageError(
             f"AIORATELIMIT_TEST_LOOP={loops.NAME!r}: expected one of {', '.join(loops.NAMES)}"

@@ -3,7 +3,7 @@
 ``lua/token_bucket_refund.lua``.
 
 Each function is named like its file, follows the Lua line for line and answers what it
-answers (``tests/test_oracle.py`` holds them to the real Lua).
+answers (``tests/stores/test_oracle.py`` holds them to the real Lua).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 
 Each function is named like its file, takes the keyspace, the script's KEYS and ARGV and the
 clock reading the script would get from ``TIME`` (µs), follows the Lua line for line and
-answers what it answers (``tests/test_oracle.py`` holds them to the real Lua).
+answers what it answers (``tests/stores/test_oracle.py`` holds them to the real Lua).
 """
 
 from __future__ import annotations

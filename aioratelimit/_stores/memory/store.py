@@ -4,7 +4,7 @@
 same script, keys and arguments, given the same clock reading. The twins live in
 ``memory_ratelimit``, ``memory_penalties``, ``memory_locks``, ``memory_idempotency`` and
 ``memory_server``, one function per file of ``lua/``, named like it; the dispatch is derived
-from those names, and ``tests/test_oracle.py`` runs the real Lua (fakeredis with lupa)
+from those names, and ``tests/stores/test_oracle.py`` runs the real Lua (fakeredis with lupa)
 against every twin.
 
 Keys expire by Redis's rule (``keyspace``); expired keys are dropped when touched and by an

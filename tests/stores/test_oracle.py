@@ -1,0 +1,1191 @@
+"""The oracle: every Lua script in ``lua/`` against its memory twin, on one frozen clock.
+
+The real Lua source runs on fakeredis (lupa's Lua 5.1, the interpreter Redis embeds); the
+same call runs on ``MemoryStore``. One Hypothesis state machine per family of scripts
+(fixed windows, sliding windows, token buckets, locks, semaphores, one-shot tokens,
+idempotency) drives both through random histories over a small pool of keys, tokens and
+owners, so that calls collide. Each step moves the one clock, then makes one call with the
+keys and arguments the library sends. The clock moves by tiny steps, long ones, a few
+microseconds back within the millisecond, and onto the instants where things change:
+each key's expiry millisecond and the microsecond either side of it, lease deadlines,
+window and bucket edges.
+
+What must be equal, after every call:
+
+* the raw replies, compared after one normalisation of representation only: a tuple is a
+  list, an ``IntEnum`` the integer Redis sends, a ``str`` its UTF-8 bytes. RESP has bulk
+  strings and integers and nothing else, and the two stay apart (a twin answering "1"
+  for 1 still fails); any other Python type, a float or a bool, fails;
+* the keys the call names: type, value and PTTL, with the twin's ``int`` fields taken as
+  the decimal strings Redis stores and sorted-set scores as the doubles Redis keeps;
+* the messages it published (channel and payload, in order).
+
+After a jump onto an edge, and after the memory store's sweep (which may run before any
+call and must change nothing), the whole keyspaces are compared too.
+
+The clock: fakeredis reads ``time.time()`` in two places, patched here and only here. The
+``TIME`` command (``commands_mixins.server_mixin``) answers the test's microsecond. Every
+command stamps the databases with "now" for expiry (``_socket._base``); that stamp is the
+millisecond, as Redis's is (the command's, or the script's, start in ms). And fakeredis
+keeps expiries as float seconds, ``now + ms / 1000.0`` for PX and PEXPIRE, which lands one
+ulp below the exact millisecond about one time in eight: unpatched, such a key would
+expire a whole millisecond early, exactly at the instant this test probes.
+``Database.expired`` is patched to decide on whole milliseconds, as Redis does
+(``now_ms > expiry_ms``). ``tests/limits/test_model.py`` holds memory:// to a real redis-server,
+with no patch at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from itertools import product
+from types import SimpleNamespace
+from typing import Any, ClassVar, NamedTuple
+from unittest import mock
+
+import fakeredis
+import pytest
+from fakeredis._core import Database
+from fakeredis._socket import _base as fakeredis_socket
+from fakeredis.commands_mixins import server_mixin
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
+from support.script_checks import KEYS_CHECK
+
+import aioratelimit as arl
+from aioratelimit import _keys
+from aioratelimit._cli import admin as _admin
+from aioratelimit._idempotency.store import Claimed, IdempotencyStore, _fingerprint
+from aioratelimit._idempotency.tokens import _subject
+from aioratelimit._scripts import SCRIPTS, Arg, Reply, Script
+from aioratelimit._stores.memory.keyspace import Keyspace, expired
+from aioratelimit._stores.memory.store import MemoryStore, twins
+
+#: 2026-01-01T00:00:00Z in µs: a realistic clock, so fences and TATs carry 16 digits as in
+#: production (Lua numbers are doubles; precision is part of what is compared).
+T0 = 1_767_225_600_000_000
+#: The Redis the fake emulates: the release the suite's redis-server runs (PEXPIRETIME is 7.0).
+REDIS_VERSION = (7, 0)
+#: The oldest Redis the library supports: fixed_window.lua reads a window's end with PTTL
+#: there (no PEXPIRETIME); the scripts tell the two apart by ``redis.REDIS_VERSION_NUM``.
+REDIS_6_2 = (6, 2)
+
+
+# -- the frozen clock ----------------------------------------------------------------------
+
+
+class Clock:
+    """The one clock both sides read, in µs since the epoch (like Redis ``TIME``)."""
+
+    def __init__(self, now_us: int = T0) -> None:
+        self.now_us = now_us
+
+    def __call__(self) -> int:
+        return self.now_us
+
+
+def _expired_on_the_ms(db: Database, item: Any) -> bool:
+    """``Database.expired`` in Redis's integer milliseconds (see the module docstring)."""
+    return item.expireat is not None and round(item.expireat * 1000) < round(db.time * 1000)
+
+
+@contextmanager
+def frozen(clock: Clock) -> Iterator[None]:
+    """Put fakeredis on ``clock``: ``TIME`` answers its µs, keys expire on its ms."""
+    with (
+        mock.patch.object(server_mixin, "time", SimpleNamespace(time=lambda: clock.now_us / 1e6)),
+        mock.patch.object(
+            fakeredis_socket, "time", SimpleNamespace(time=lambda: clock.now_us // 1000 / 1000)
+        ),
+        mock.patch.object(Database, "expired", _expired_on_the_ms),
+    ):
+        yield
+
+
+def fake_redis(version: tuple[int, int] = REDIS_VERSION) -> fakeredis.FakeRedis:
+    """A fresh fake server with every script loaded (the stores run them by SHA), on
+    Redis's Lua (fakeredis takes another from ``FAKEREDIS_LUA_VERSION``). From 7.0 on its
+    scripts see ``redis.REDIS_VERSION_NUM``, as on Redis (fakeredis leaves it out; it
+    persists in the fake's one Lua runtime once set); every script runs under
+    ``script_checks.KEYS_CHECK``."""
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer(version=version))
+    assert client.eval("return _VERSION", 0) == b"Lua 5.1"
+    if version >= (7, 0):
+        num = version[0] << 16 | version[1] << 8
+        client.eval(f"redis.REDIS_VERSION_NUM = {num}", 0)
+    assert client.eval("return redis.REDIS_VERSION_NUM", 0) == (num if version >= (7, 0) else None)
+    # Every key a script touches must be one of its KEYS: a call naming another fails it.
+    assert client.eval(KEYS_CHECK, 0) == 1
+    for script in SCRIPTS.values():
+        assert client.script_load(script.source) == script.sha
+    return client
+
+
+# -- what the library sends ----------------------------------------------------------------
+# Built with the library's own key builders and hashes; ``test_the_oracle_sends_what_the_
+# library_sends`` records the primitives' calls and holds these builders to them.
+
+PREFIX = "oracle"
+USERS = ("u", "v{w}")
+#: (limit, window_us): Rate.window_us is any whole µs >= 1000
+R1, R2, R3, R4, R5, R6 = (1, 1_000), (2, 1_001), (3, 2_500), (5, 10_000), (2, 33_333), (4, 10**6)
+#: An application's limiters. Where two share a rate (and the buckets or the burst), they
+#: share its key, as two such limiters of the library do; each call picks one.
+FIXED = ((R1,), (R4,), (R3, R4), (R2, R5, R6))
+SLIDING = ((1, (R3,)), (3, (R4,)), (3, (R2, R4)), (10, (R1,)), (1000, (R5, R1)))
+BUCKETS = (R1, 1), (R3, 2), (R4, 5), (R5, 2)
+LOCK_NAMES = ("L1", "L2")
+SEM_NAMES = ("S1", "S2")
+#: _keys.new_token(): 22 URL-safe characters, never ':' or '~'
+TOKENS = ("AAAAAAAAAAAAAAAAAAAAAA", "Bb-_0123456789abcdefgh", "zzzzzzzzzzzzzzzzzzzzz9")
+#: to_ms(ttl): whole milliseconds >= 1; the long one twice over, as a lease must outlive a
+#: few clock moves for its holder to come back to it
+TTLS_MS = (1, 5, 50, 30_000, 30_000)
+#: one-shot tokens: the record is named by the token's SHA-256
+ONE_SHOT = tuple(hashlib.sha256(t.encode()).hexdigest() for t in ("t1", "t2", "t3"))
+SUBJECTS = ("", _subject("alice"), _subject("bob"))
+IDEM_KEYS = ("order-1", "order-2")
+FINGERPRINTS = ("", _fingerprint(b"body"), _fingerprint("other body"))
+RESULTS = (b"", b'{"ok":true}', b"\x00\xff\xfe not utf-8")
+#: to_us(seconds): whole microseconds >= 1, about the millisecond; the long ones (the
+#: library's 30 s lease and one-day TTL) three times over, for the same reason
+DURATIONS_US = (1, 999, 1_000, 1_001, 2_500, *(30_000_000, 86_400_000_000) * 3)
+PUBLISH = ("PUBLISH", "SPUBLISH")
+
+
+def head(kind: str) -> str:
+    return _keys.head(PREFIX, kind, None)
+
+
+Rates = tuple[tuple[int, int], ...]
+
+
+def limiter_keys(kind: str, user: str, rates: Rates, extra: str = "") -> list[str]:
+    """``_Limiter._keys``: one key per rate, under the user key's tag."""
+    return [_keys.tagged(head(kind), user, _keys.rate_suffix(lim, w, extra)) for lim, w in rates]
+
+
+def block_key(kind: str, user: str) -> str:
+    """``Limiter.block``: one key per (limiter, user key), the last KEY of every hit of a
+    limiter made with ``blockable=True``."""
+    return _keys.block(head(kind), user)
+
+
+def blocked(kind: str, user: str, blockable: bool) -> list[str]:
+    return [block_key(kind, user)] if blockable else []
+
+
+def fixed_keys(user: str, rates: Rates, blockable: bool = False) -> list[str]:
+    return [*limiter_keys("fw", user, rates), *blocked("fw", user, blockable)]
+
+
+def sliding_keys(user: str, n: int, rates: Rates, blockable: bool = False) -> list[str]:
+    return [*limiter_keys("sw", user, rates, f"/{n}"), *blocked("sw", user, blockable)]
+
+
+def bucket_keys(user: str, rate: tuple[int, int], burst: int, blockable: bool = False) -> list[str]:
+    return [*limiter_keys("tb", user, (rate,), f"/{burst}"), *blocked("tb", user, blockable)]
+
+
+def rate_args(rates: Rates) -> tuple[int, ...]:
+    return tuple(v for rate in rates for v in rate)
+
+
+def interval_us(rate: tuple[int, int]) -> int:
+    """``TokenBucket``: microseconds per token, rounded up."""
+    return -(-rate[1] // rate[0])
+
+
+def lock_names(name: str) -> tuple[str, str]:
+    return _keys.lock(head(_keys.LOCK_KIND), name)
+
+
+def semaphore_names(name: str) -> tuple[str, str, str]:
+    return _keys.semaphore(head(_keys.SEMAPHORE_KIND), name)
+
+
+def token_key(digest: str) -> str:
+    return _keys.token(head(_keys.TOKEN_KIND), digest)
+
+
+def idem_names(key: str) -> tuple[str, str]:
+    return _keys.idempotency(head(_keys.IDEMPOTENCY_KIND), key)
+
+
+# -- comparing the two sides ---------------------------------------------------------------
+
+
+def normal(reply: Any) -> Any:
+    """A reply in RESP2's terms (see the module docstring); anything else is an error."""
+    if isinstance(reply, (list, tuple)):
+        return [normal(v) for v in reply]
+    if isinstance(reply, bool):
+        raise TypeError(f"a bool is not a RESP2 reply: {reply!r}")
+    if isinstance(reply, int):
+        return int(reply)
+    if isinstance(reply, str):
+        return reply.encode()
+    if reply is None or isinstance(reply, bytes):
+        return reply
+    raise TypeError(f"not a RESP2 reply: {reply!r}")
+
+
+def bulk(value: Any) -> bytes:
+    """What Redis stores for a twin's string or field: an ``int`` as its decimal digits."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value).encode()
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bytes):
+        return value
+    raise TypeError(f"a twin stored {value!r}, which Redis cannot hold as a string")
+
+
+#: (type, value, PTTL) of a key, or None when it does not exist
+State = tuple[bytes, Any, int] | None
+
+#: the type of every key a script writes, by the kind in its name (``oracle:<kind>:...``)
+TYPES = {"fw": b"string", "tb": b"string", "sw": b"hash", "lock": b"string", "tok": b"string"}
+TYPES.update({"idem": b"hash", "sem": b"zset", "sem-fence": b"hash", "doctor": b"string"})
+
+
+def key_type(key: str) -> bytes:
+    kind = key.split(":")[1]
+    if key.endswith("}:block"):  # a limiter's block (``_keys.block``)
+        return b"string"
+    return TYPES["sem-fence" if kind == "sem" and key.endswith(":fence") else kind]
+
+
+def lua_states(client: fakeredis.FakeRedis, keys: Sequence[str]) -> list[State]:
+    """The state of ``keys`` on fakeredis, read in one pipeline (these reads cost about
+    half what the scripts do)."""
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.pttl(key)
+        kind = key_type(key)
+        if kind == b"string":
+            pipe.get(key)
+        elif kind == b"hash":
+            pipe.hgetall(key)
+        else:
+            pipe.zrange(key, 0, -1, withscores=True)
+    replies = pipe.execute()
+    states: list[State] = []
+    for key, pttl, value in zip(keys, replies[::2], replies[1::2], strict=True):
+        kind = key_type(key)
+        if pttl == -2:
+            states.append(None)
+        else:
+            states.append((kind, dict(value) if kind == b"zset" else value, pttl))
+    return states
+
+
+def twin_state(ks: Keyspace, key: str, now: int) -> State:
+    """The same for the memory store, read without touching it (an expired key is gone)."""
+    if key not in ks.data:
+        return None
+    exp = ks.exp.get(key)
+    if exp is not None and expired(exp, now):
+        return None
+    value = ks.data[key]
+    pttl = -1 if exp is None else exp - now // 1000
+    if isinstance(value, dict):
+        if key_type(key) == b"zset":
+            return b"zset", {m.encode(): float(s) for m, s in value.items()}, pttl
+        return b"hash", {bulk(f): bulk(v) for f, v in value.items()}, pttl
+    return b"string", bulk(value), pttl
+
+
+class Pair:
+    """The Lua on fakeredis (``client``) and its twins on a ``MemoryStore``, on one frozen
+    ``clock``, for the tests that call single scripts at chosen instants."""
+
+    def __init__(self, clock: Clock, client: fakeredis.FakeRedis) -> None:
+        self.clock, self.client = clock, client
+        self.loop = asyncio.new_event_loop()
+        self.store = MemoryStore(clock=clock)
+
+    def run(
+        self, script: Script, keys: Sequence[str], args: tuple[Arg, ...], *, states: bool = True
+    ) -> list[Any]:
+        """``script`` on both sides: the replies must be equal, and with ``states`` the first
+        key's state too; the reply, normalised."""
+        lua = self.client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        twin = self.loop.run_until_complete(self.store.run(script, keys, args))
+        where = f"{args} at {self.clock.now_us - T0} µs"
+        assert normal(twin) == normal(lua), (where, twin, lua)
+        if states:
+            (state, *_) = lua_states(self.client, keys[:1])
+            assert twin_state(self.store.keyspace, keys[0], self.clock.now_us) == state, where
+        return list(normal(lua))
+
+
+@contextmanager
+def side_by_side() -> Iterator[Pair]:
+    """A ``Pair`` on a frozen clock of its own, closed at the end."""
+    clock = Clock()
+    with frozen(clock):
+        pair = Pair(clock, fake_redis())
+        try:
+            yield pair
+        finally:
+            pair.client.close()
+            pair.loop.run_until_complete(pair.store.aclose())
+            pair.loop.close()
+
+
+# -- the calls -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Call:
+    """One script run, as a failing example prints it."""
+
+    script: str
+    keys: tuple[str, ...]
+    args: tuple[Arg, ...]
+
+
+def weighted(*choices: tuple[list[Call], int]) -> st.SearchStrategy[Call]:
+    """A call from one of the lists, each list as likely as its weight, whatever its length.
+
+    One flat list, each list repeated to its share: Hypothesis favours the ends of a
+    choice, which in ``one_of`` would favour the last whole list (by several times its
+    weight), and here favours just two calls."""
+    top = max(len(calls) for calls, _ in choices)
+    return st.sampled_from(
+        [c for calls, w in choices for _ in range(round(w * top / len(calls))) for c in calls]
+    )
+
+
+def costs(rates: Rates, mode: int = 1) -> list[int]:
+    """The costs sent: the library refuses one above the tightest limit before any call,
+    except for a partial hit (``mode`` >= 4), which gets what is left."""
+    if mode >= 4:
+        return list(range(1, 7))
+    return [cost for cost in range(1, 6) if cost <= min(lim for lim, _ in rates)]
+
+
+#: a limiter of one user: its keys (the rates', then the block if ``blockable``), how many
+#: are the rates', every ARGV a hit or a peek on it may send, and every ARGV of a refund
+Limiter = tuple[tuple[str, ...], int, list[tuple[Arg, ...]], list[tuple[Arg, ...]]]
+
+#: ARGV[2] of a limiter script (``_scripts.Mode``): peek, hit, hit counting denied hits,
+#: and each of them partial; a partial cost may be above the limit
+MODES = (0, 1, 2, 4, 5, 6)
+#: block durations: about the millisecond, and close to one another, so that a block
+#: lands just inside or outside the one in place
+BLOCKS_US = (1, 999, 1_000, 1_001, 1_500, 2_000, 2_500)
+#: a TokenBucket waiter's booking horizon (max_wait_us): none, short, a waiter without timeout
+MAX_WAITS_US = (0, 2_000, 10**15)
+
+
+def fixed_windows(user: str) -> list[Limiter]:
+    return [
+        (
+            tuple(fixed_keys(user, rates, blockable)),
+            len(rates),
+            [(c, mode, *rate_args(rates)) for c in costs(rates, mode)],
+            [(c,) for c in costs(rates)],
+        )
+        for rates, mode, blockable in product(FIXED, MODES, (False, True))
+    ]
+
+
+def sliding_windows(user: str) -> list[Limiter]:
+    return [
+        (
+            tuple(sliding_keys(user, n, rates, blockable)),
+            len(rates),
+            [(c, mode, n, *rate_args(rates)) for c in costs(rates, mode)],
+            [(c, n, *rate_args(rates)) for c in costs(rates)],
+        )
+        for (n, rates), mode, blockable in product(SLIDING, MODES, (False, True))
+    ]
+
+
+def token_buckets(user: str) -> list[Limiter]:
+    return [
+        (
+            tuple(bucket_keys(user, rate, burst, blockable)),
+            1,
+            [(c, mode, burst, interval_us(rate)) for c in costs(((burst, 0),), mode)]
+            + [
+                (c, 1, burst, interval_us(rate), w)
+                for c in range(1, burst + 1)
+                for w in MAX_WAITS_US
+                if mode == 1
+            ],
+            [(c, interval_us(rate)) for c in range(1, burst + 1)],
+        )
+        for (rate, burst), mode, blockable in product(BUCKETS, MODES, (False, True))
+    ]
+
+
+def limiter_calls(script: str, limiters: Callable[[str], list[Limiter]]) -> st.SearchStrategy[Call]:
+    """Hits and peeks on the application's limiters (every mode), resets (DEL of one's
+    keys), blocks and refunds, and resets and bare invalidations through
+    ``rate_invalidate`` (told on its channel)."""
+    hits, resets, blocks, refunds, blocked, invalidations = [], [], [], [], [], []
+    for user in USERS:
+        for keys, nrates, args, refund_args in limiters(user):
+            hits += [Call(script, keys, a) for a in args]
+            resets.append(Call("delete", keys, ()))
+            if len(keys) > nrates:
+                blocks += [Call("limiter_block", keys[-1:], (d,)) for d in BLOCKS_US]
+                blocked.append(Call("limiter_blocked", keys[-1:], ()))
+            refunds += [Call(f"{script}_refund", keys[:nrates], a) for a in refund_args]
+            channel = _keys.rate_channel(keys[0].partition("{")[0], user)
+            invalidations += [
+                Call("rate_invalidate", keys, (reset, channel, p))
+                for reset, p in product((0, 1), PUBLISH)
+            ]
+    return weighted(
+        (hits, 8), (resets, 2), (blocks, 1), (refunds, 3), (blocked, 1), (invalidations, 3)
+    )
+
+
+def lock_calls() -> st.SearchStrategy[Call]:
+    """Acquisitions (and the same one sent again), releases, extensions, ``locked``, an
+    operator's reads and forced releases."""
+    acquire, release, extend, locked = [], [], [], []
+    for name in LOCK_NAMES:
+        key, channel = lock_names(name)
+        locked.append(Call("lock_locked", (key,), ()))
+        locked.append(Call("lock_holder", (key,), ()))
+        release += [
+            Call("lock_force_release", (key,), (channel, p, fence))
+            for p, fence in product(PUBLISH, ("", str(T0), str(T0 + 1)))
+        ]
+        for token, ms in product(TOKENS, TTLS_MS):
+            acquire.append(Call("lock_acquire", (key,), (token, ms)))
+            extend.append(Call("lock_extend", (key,), (token, ms)))
+            release += [Call("lock_release", (key,), (token, ms, channel, p)) for p in PUBLISH]
+    return weighted((acquire, 3), (release, 2), (extend, 2), (locked, 1))
+
+
+def semaphore_calls() -> st.SearchStrategy[Call]:
+    """The same for semaphores, acquired under limits that may differ between callers."""
+    acquire, release, extend, holders = [], [], [], []
+    for name in SEM_NAMES:
+        zset, fences, channel = semaphore_names(name)
+        keys = (zset, fences)
+        holders.append(Call("semaphore_holders", (zset,), ()))
+        holders.append(Call("semaphore_list", keys, ()))
+        for token, ms in product(TOKENS, TTLS_MS):
+            acquire += [Call("semaphore_acquire", keys, (token, ms, n)) for n in (1, 2, 3)]
+            extend.append(Call("semaphore_extend", keys, (token, ms)))
+            release += [Call("semaphore_release", keys, (token, ms, channel, p)) for p in PUBLISH]
+    return weighted((acquire, 3), (release, 2), (extend, 2), (holders, 1))
+
+
+def token_calls() -> st.SearchStrategy[Call]:
+    """One-shot tokens issued (again), consumed, and presented by the wrong subject."""
+    issue, consume = [], []
+    for digest, subject in product(ONE_SHOT, SUBJECTS):
+        key = token_key(digest)
+        issue += [Call("token_issue", (key,), (subject, us)) for us in DURATIONS_US]
+        consume.append(Call("token_consume", (key,), (subject,)))
+    return weighted((issue, 1), (consume, 1))
+
+
+def idempotency_calls() -> st.SearchStrategy[Call]:
+    """Claims by two owners (the one holding, the one not) under a few fingerprints,
+    renewals, completions and releases."""
+    claim, renew, complete, release, state = [], [], [], [], []
+    for key in IDEM_KEYS:
+        record, _ = idem_names(key)
+        state += [Call("idem_state", (record,), (w,)) for w in ("0", "1")]
+    for key, owner in product(IDEM_KEYS, TOKENS[:2]):
+        record, channel = idem_names(key)
+        keys = (record,)
+        release += [Call("idem_release", keys, (owner, channel, p)) for p in PUBLISH]
+        for us in DURATIONS_US:
+            claim += [Call("idem_claim", keys, (owner, fp, us)) for fp in FINGERPRINTS]
+            renew.append(Call("idem_renew", keys, (owner, us)))
+            complete += [
+                Call("idem_complete", keys, (owner, result, us, channel, p))
+                for result, p in product(RESULTS, PUBLISH)
+            ]
+    return weighted((claim, 3), (renew, 1), (complete, 3), (release, 2), (state, 4))
+
+
+def server_calls() -> st.SearchStrategy[Call]:
+    """``doctor``'s question, under both user keys' tags."""
+    calls = []
+    for user in USERS:
+        probe = _keys.tagged(head("doctor"), user, ":declared")
+        other = _keys.tagged(head("doctor"), user, ":undeclared")
+        calls.append(Call("server_check", (probe,), (other,)))
+    return weighted((calls, 1))
+
+
+# -- the machines --------------------------------------------------------------------------
+
+
+class Move(NamedTuple):
+    """How the clock moves before a call: ``forward`` or ``back`` ``by`` µs, onto the
+    ``by``-th next ``edge``, or not at all while the memory store does a ``sweep``."""
+
+    how: str
+    by: int
+
+
+#: (how, by at most), each as likely as it is frequent here: forward by a few µs (often, so
+#: that calls meet), about a millisecond, a few windows, or past most TTLs; back within the
+#: millisecond; onto one of the next instants where something changes; a sweep.
+_MOVES = [("forward", 3)] * 4 + [("forward", 1_500)] * 2 + [("forward", 40_000)]
+_MOVES += [("forward", 2_000_000), ("back", 999), ("edge", 30), ("edge", 30), ("sweep", 0)]
+#: (One draw for the kind and one for the amount: ``flatmap`` would cost more than the call.)
+MOVES = st.tuples(st.sampled_from(_MOVES), st.integers(0, 2**21)).map(
+    lambda drawn: Move(drawn[0][0], drawn[1] % (drawn[0][1] + 1))
+)
+
+
+class Oracle(RuleBasedStateMachine):
+    """One fake Redis and one MemoryStore, driven through the same calls on one clock; a
+    subclass adds the calls of one family of scripts (their keys never meet another's)."""
+
+    #: each script the machine calls, and the reply codes every run must reach (each is
+    #: reached many times in a normal run): the oracle cannot quietly stop exercising one
+    branches: ClassVar[dict[str, set[int]]]
+    # Set by the test on a subclass (Hypothesis builds the machines itself): one fake
+    # server per test, emptied for each example (FLUSHALL keeps the loaded scripts).
+    clock: ClassVar[Clock]
+    redis: ClassVar[fakeredis.FakeRedis]
+    loop: ClassVar[asyncio.AbstractEventLoop]
+    seen: ClassVar[Counter[tuple[str, int]]]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock.now_us = T0
+        self.redis.flushall()
+        self.pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        # Every wake-up channel is under the prefix. fakeredis delivers SPUBLISH to patterns
+        # too, and sends keyspace events to ``*`` whatever notify-keyspace-events says.
+        self.pubsub.psubscribe(f"{PREFIX}:*")
+        assert self.pubsub.get_message(timeout=0) is None  # (the confirmation)
+        self.store = MemoryStore(clock=self.clock)
+        self.published: list[tuple[bytes, bytes]] = []
+        deliver = self.store.keyspace.publish
+
+        def publish(channel: str, message: str) -> None:
+            self.published.append((channel.encode(), message.encode()))
+            deliver(channel, message)
+
+        self.store.keyspace.publish = publish
+        #: instants (µs) that replies named: window ends, retry times, lease deadlines
+        self.moments: set[int] = set()
+
+    def teardown(self) -> None:
+        self.pubsub.close()
+        self.loop.run_until_complete(self.store.aclose())
+
+    # -- one call on both sides, and the keyspaces
+
+    def call(self, call: Call) -> None:
+        script, keys, args = SCRIPTS[call.script], call.keys, call.args
+        now = self.clock.now_us
+        evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        lua = self.redis.execute_command(*evalsha)
+        twin = self.loop.run_until_complete(self.store.run(script, keys, args))
+        where = f"{call} at {now} µs"
+        assert normal(twin) == normal(lua), f"{where}: twin {twin!r}, Lua {lua!r}"
+        self.compare(keys, where)
+        lua_published = []
+        while (message := self.pubsub.get_message(timeout=0)) is not None:
+            lua_published.append((message["channel"], message["data"]))
+        assert self.published == lua_published, f"{where}: published"
+        self.published.clear()
+        self.remember(call.script, lua, now)
+
+    def compare(self, keys: Sequence[str], where: str) -> None:
+        now = self.clock.now_us
+        for key, lua in zip(keys, lua_states(self.redis, keys), strict=True):
+            twin = twin_state(self.store.keyspace, key, now)
+            assert twin == lua, f"{where}: key {key}: twin {twin!r}, Lua {lua!r}"
+
+    def remember(self, name: str, reply: Reply, now: int) -> None:
+        """Count the branch the call took; keep the instants its reply names."""
+        if name == "semaphore_list":  # pairs (fence, ttl): none, one or several holders
+            first = min(len(reply) // 2, 2)
+        elif name == "server_check":  # {time_s, time_us, version, mode, undeclared}
+            first = reply[4]
+        elif name == "limiter_blocked":  # {µs the block still runs, now_us}
+            first = int(reply[0] > 0)
+        elif name in ("delete", "rate_invalidate"):  # keys removed: none (0) or some (1)
+            first = int(int(reply) > 0)
+        else:
+            first = reply[0] if isinstance(reply, list) else reply
+        self.seen[name, int(first)] += 1
+        if name in ("fixed_window", "sliding_window", "token_bucket"):
+            ahead = [reply[3], reply[4]]  # reset_after_us, retry_after_us
+        elif name == "limiter_block":
+            ahead = [reply[0]]  # the block's end
+        elif name == "idem_claim" and first in (0, 1):
+            ahead = [reply[1] - now if first == 0 else reply[1]]  # the lease's end
+        else:
+            return
+        self.moments.update(now + d + e for d in ahead if d > 0 for e in (-1, 0, 1))
+
+    def edges(self) -> list[int]:
+        """The instants ahead where something changes: each key's expiry millisecond, a
+        semaphore holder's, a lease deadline, what replies named, the next millisecond;
+        each with the microsecond (or millisecond) either side."""
+        now = self.clock.now_us
+        ks = self.store.keyspace
+        points = set(ks.exp.values())  # ms
+        for key, value in ks.data.items():
+            if key_type(key) == b"zset":
+                points.update(abs(s) for s in value.values())
+            elif key_type(key) == b"hash" and "d" in value:
+                self.moments.update(value["d"] + e for e in (-1, 0, 1))
+        edges = {e * 1000 + d for e in points for d in (-1, 0, 999, 1000)}
+        edges.update(self.moments)
+        edges.update(((now // 1000 + 1) * 1000 - 1, (now // 1000 + 1) * 1000))
+        self.moments = {m for m in self.moments if m > now}
+        return sorted(e for e in edges if e > now)
+
+    # -- the rules
+
+    @initialize(offset=st.integers(0, 10_000_000))
+    def start(self, offset: int) -> None:
+        self.clock.now_us = T0 + offset
+
+    def move(self, move: Move) -> None:
+        """Move the clock, or sweep. Back only within the millisecond: expiry is decided on
+        the millisecond, so no key comes back to life that either side may have dropped.
+        The memory store's amortised sweep may run before any call and must change
+        nothing. After a sweep or onto an edge, the whole keyspaces are compared."""
+        how, n = move
+        now = self.clock.now_us
+        if how == "forward":
+            self.clock.now_us = now + n
+            return
+        if how == "back":
+            self.clock.now_us = max(now - n, now // 1000 * 1000)
+            return
+        if how == "edge":
+            edges = self.edges()
+            self.clock.now_us = edges[n % len(edges)]
+        else:
+            self.store.keyspace.sweep(now)
+        # (fakeredis may list an expired key: it reads as missing)
+        keys = {k.decode() if isinstance(k, bytes) else k for k in self.redis.keys("*")}
+        keys.update(self.store.keyspace.data)
+        self.compare(sorted(keys), f"the whole keyspace at {self.clock.now_us} µs")
+
+
+# A reset (``delete``, ``rate_invalidate``) or a refund that finds live keys is not required of the
+# random histories: with every mode, blockable or not, and several rates, the key a reset
+# draws was seldom hit within its window, and a run that never drew one failed about one
+# time in five. The replies are still compared whatever they are, and a reset of live keys
+# is driven every run by tests/limits/test_model.py (a real server against memory://) and by the
+# deny cache's and penalties' tests on every backend.
+
+
+class FixedWindows(Oracle):
+    """``FixedWindow`` hits (counting denied ones or not, partial or not), peeks, resets,
+    blocks and refunds, one rate or several."""
+
+    branches: ClassVar[dict[str, set[int]]] = {
+        "fixed_window": {0, 1},
+        "delete": {0},  # (a reset of live keys: see above)
+        "limiter_block": set(),  # (it answers microseconds: no codes)
+        # (1, a block running, is rarely read while a short block runs: pinned by
+        # test_limiter_blocked_answers_like_its_twin_through_a_block)
+        "limiter_blocked": {0},
+        "fixed_window_refund": {0},  # (a refund to a live window: see above)
+        "rate_invalidate": {0},
+    }
+
+    @rule(move=MOVES, call=limiter_calls("fixed_window", fixed_windows))
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
+class SlidingWindows(Oracle):
+    """``SlidingWindow`` hits (every mode), peeks, resets, blocks and refunds, with 1 to
+    1000 buckets."""
+
+    branches: ClassVar[dict[str, set[int]]] = {
+        "sliding_window": {0, 1},
+        "delete": {0},  # (a reset of live keys: see above)
+        "limiter_block": set(),
+        "limiter_blocked": set(),
+        "sliding_window_refund": {0},  # (see above)
+        "rate_invalidate": {0},
+    }
+
+    @rule(move=MOVES, call=limiter_calls("sliding_window", sliding_windows))
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
+class TokenBuckets(Oracle):
+    """``TokenBucket`` hits (every mode, and waiters' bookings), peeks, resets, blocks and
+    refunds."""
+
+    branches: ClassVar[dict[str, set[int]]] = {
+        "token_bucket": {0, 1},
+        "delete": {0},  # (a reset of live keys: see above)
+        "limiter_block": set(),
+        "limiter_blocked": set(),
+        "token_bucket_refund": {0},  # (see above)
+        "rate_invalidate": {0},
+    }
+
+    @rule(move=MOVES, call=limiter_calls("token_bucket", token_buckets))
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
+class Locks(Oracle):
+    """Lock acquisitions, re-sent acquisitions, releases, extensions and ``locked``."""
+
+    branches: ClassVar[dict[str, set[int]]] = {
+        "lock_acquire": {0, 1},
+        "lock_release": {-1, 0, 1, 2},
+        "lock_extend": {0, 1},
+        "lock_locked": {0, 1},
+        "lock_holder": {0, 1},
+        "lock_force_release": {-1, 0, 1},
+    }
+
+    @rule(move=MOVES, call=lock_calls())
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
+class Semaphores(Oracle):
+    """Semaphore acquisitions, releases, extensions and ``holders``."""
+
+    branches: ClassVar[dict[str, set[int]]] = {
+        "semaphore_acquire": {0, 1},
+        "semaphore_release": {0, 1, 2},
+        "semaphore_extend": {0, 1},
+        "semaphore_holders": {0, 1},
+        "semaphore_list": {0, 1},  # (2, several holders, is reached less often)
+    }
+
+    @rule(move=MOVES, call=semaphore_calls())
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
+class OneShotTokens(Oracle):
+    """One-shot tokens: ``issue_token`` and ``consume_token``."""
+
+    branches: ClassVar[dict[str, set[int]]] = {
+        "token_issue": {0, 1},
+        "token_consume": {-1, 0, 1},
+    }
+
+    @rule(move=MOVES, call=token_calls())
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
+class Idempotency(Oracle):
+    """Idempotency keys: claims racing their leases, renewals, completions, releases."""
+
+    branches: ClassVar[dict[str, set[int]]] = {
+        "idem_claim": {0, 1, 2, 3},
+        "idem_renew": {0, 1},
+        "idem_complete": {0, 1},
+        "idem_release": {0, 1},
+        "idem_state": {0, 1, 2, 3},
+    }
+
+    @rule(move=MOVES, call=idempotency_calls())
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
+class ServerChecks(Oracle):
+    """``doctor``'s question: the clock, no INFO on either side, undeclared keys allowed."""
+
+    branches: ClassVar[dict[str, set[int]]] = {"server_check": {0}}
+
+    @rule(move=MOVES, call=server_calls())
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
+MACHINES = [
+    FixedWindows,
+    SlidingWindows,
+    TokenBuckets,
+    Locks,
+    Semaphores,
+    OneShotTokens,
+    Idempotency,
+    ServerChecks,
+]
+#: examples per machine (of 60 steps, each one call) under the ``full`` Hypothesis profile
+#: (100 examples a test; what scripts/test runs), scaled down with the profile's count
+EXAMPLES = {machine: 15 for machine in MACHINES} | {
+    FixedWindows: 30,
+    SlidingWindows: 30,
+    TokenBuckets: 30,
+    Locks: 20,
+    Idempotency: 30,
+    OneShotTokens: 10,
+    ServerChecks: 3,
+}
+
+
+def examples(machine: type[Oracle]) -> int:
+    """The examples ``machine`` runs under the loaded profile (tests/conftest.py)."""
+    return max(1, EXAMPLES[machine] * settings().max_examples // 100)
+
+
+def test_the_machines_call_every_script() -> None:
+    """Between them the machines call every registered script."""
+    assert {name for machine in MACHINES for name in machine.branches} == set(SCRIPTS)
+
+
+#: A failure is shrunk to a few steps, replaying histories hundreds of times: allow for
+#: Hypothesis's own five minutes of it (the suite's 180 s once cut a shrink short, which
+#: Hypothesis then reported as flaky data generation instead of the drift).
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    ("machine", "version"),
+    [(m, REDIS_VERSION) for m in MACHINES] + [(FixedWindows, REDIS_6_2)],
+    ids=[m.__name__ for m in MACHINES] + ["FixedWindows-6.2"],
+)
+def test_scripts_and_twins_agree(machine: type[Oracle], version: tuple[int, int]) -> None:
+    """Each script and its twin give the same replies, keys, TTLs and publishes for any
+    history of calls on one frozen clock; fixed_window.lua also on its Redis 6.2 branch.
+    Under the full profile, the histories reach each script's listed branches."""
+    loop = asyncio.new_event_loop()
+    seen: Counter[tuple[str, int]] = Counter()
+
+    class OnOneClock(machine):  # type: ignore[valid-type,misc]
+        clock = Clock()
+
+    OnOneClock.loop = loop
+    OnOneClock.seen = seen
+    OnOneClock.redis = fake_redis(version)
+    try:
+        with frozen(OnOneClock.clock):
+            run_state_machine_as_test(
+                OnOneClock,
+                settings=settings(
+                    max_examples=examples(machine),
+                    stateful_step_count=60,
+                    deadline=None,
+                    # The same histories every run: the branch checks below then pass or
+                    # fail for good, where random histories missed a rare branch (a block
+                    # read while live, a refund of a live window) about one run in five.
+                    derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow],
+                    # One drift at a time, shrunk (a second, and the explanation of the
+                    # first, would double the time a failing run takes).
+                    report_multiple_bugs=False,
+                    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
+                ),
+            )
+    finally:
+        OnOneClock.redis.close()
+        loop.close()
+    if examples(machine) < EXAMPLES[machine]:
+        # A quick run's histories are a fifth as long: most of them reach every branch,
+        # but with no margin (at 0.7 of the quick count four machines miss one), so a
+        # Hypothesis release that reshuffles them would fail a run with no drift in it.
+        # scripts/test runs the full count, five times the histories each check needs.
+        return
+    for name, want in machine.branches.items():
+        reached = {code for (n, code) in seen if n == name}
+        assert want <= reached, f"{name}: branches {want - reached} never reached ({seen})"
+
+
+def test_limiter_blocked_answers_like_its_twin_through_a_block() -> None:
+    """``limiter_blocked`` inside a 30 s block, at its last µs and after it, on both sides
+    (the random histories' blocks are too short to be read while they run)."""
+    clock = Clock()
+    client = fake_redis()
+    store = MemoryStore(clock)
+    loop = asyncio.new_event_loop()
+    keys = [block_key("fw", "u")]
+    answers = []
+    try:
+        with frozen(clock):
+            for offset, name, args in [
+                (0, "limiter_block", (30_000_000,)),
+                (1, "limiter_blocked", ()),
+                (29_999_999, "limiter_blocked", ()),
+                (30_000_000, "limiter_blocked", ()),
+                (30_000_001, "limiter_blocked", ()),
+            ]:
+                clock.now_us = T0 + offset
+                script = SCRIPTS[name]
+                lua = client.evalsha(script.sha, len(keys), *keys, *args)
+                twin = loop.run_until_complete(store.run(script, keys, args))
+                assert normal(twin) == normal(lua), (offset, twin, lua)
+                answers.append(int(lua[0]))
+    finally:
+        client.close()
+        loop.run_until_complete(store.aclose())
+        loop.close()
+    assert answers == [30_000_000, 29_999_999, 1, 0, 0]
+
+
+# -- the registry and the expiry rule ------------------------------------------------------
+
+
+def test_every_script_has_a_twin_and_every_twin_a_script() -> None:
+    """The memory store answers every registered script, and has no twin of a script
+    that does not exist."""
+    assert set(twins()) == set(SCRIPTS)
+
+
+#: (expiry ms, ttl ms): at the last, fakeredis's float ``now + 1 / 1000.0`` lands below the
+#: exact millisecond, so the PX key pins the ``Database.expired`` patch too.
+BOUNDARIES = [(1_767_225_600_123, 5), (1_767_225_600_000, 1), (1_767_225_600_002, 1)]
+
+
+def test_expiry_is_decided_on_the_millisecond() -> None:
+    """A key that expires at ms t lives at t*1000+999 µs and is gone at (t+1)*1000 µs, on
+    fakeredis (frozen as the oracle freezes it) and in the memory keyspace alike."""
+    clock = Clock()
+    with frozen(clock):
+        client = fake_redis()
+        for t, ttl in BOUNDARIES:
+            ks = Keyspace(lambda channel, message: None)
+            assert not expired(t, t * 1000 + 999)
+            assert expired(t, (t + 1) * 1000)
+            clock.now_us = (t - ttl) * 1000 + 777
+            client.set("pxat", "v", pxat=t)
+            client.set("px", "v", px=ttl)
+            ks.set("pxat", "v", t)
+            assert client.time() == (clock.now_us // 10**6, clock.now_us % 10**6)
+            for now, alive in ((t * 1000 + 999, True), ((t + 1) * 1000, False)):
+                clock.now_us = now
+                for key in ("pxat", "px"):
+                    assert client.exists(key) == alive, (t, ttl, key, now)
+                assert client.pttl("pxat") == (0 if alive else -2)
+                assert (ks.get("pxat", now) is not None) == alive, (t, now)
+                assert ks.pttl("pxat", now) == (0 if alive else -2)
+        client.close()
+
+
+# -- the oracle's arguments are the library's ----------------------------------------------
+
+
+class Recording(MemoryStore):
+    """A memory store that keeps every call it answers."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock)
+        self.calls: list[tuple[str, list[str], list[Arg]]] = []
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+        self.calls.append((script.name, list(keys), list(args)))
+        return await super().run(script, keys, args)
+
+
+async def test_the_oracle_sends_what_the_library_sends() -> None:
+    """The oracle's keys and arguments are what the primitives send for the same inputs
+    (the random tokens and owners taken from the recorded calls)."""
+    store = Recording(Clock())
+    backend = arl.Backend._of(store, prefix=PREFIX, url="memory://")
+    calls = store.calls
+    sent: list[tuple[str, list[str], list[Arg]]] = []
+
+    def expect(name: str, keys: Sequence[str], args: Sequence[Arg]) -> None:
+        sent.append((name, list(keys), list(args)))
+
+    rates = (R3, R4)
+    limits = [arl.Rate(lim, w / 1e6) for lim, w in rates]
+    fixed = arl.FixedWindow(*limits, backend=backend, blockable=True)
+    await fixed.hit("u", 2)
+    await fixed.peek("u", 1)
+    await fixed.reset("u")
+    await fixed.hit("u", 9, partial=True)
+    await fixed.refund("u", 2)
+    await fixed.block("u", 0.0025)
+    expect("fixed_window", fixed_keys("u", rates, True), (2, 1, *rate_args(rates)))
+    expect("fixed_window", fixed_keys("u", rates, True), (1, 0, *rate_args(rates)))
+    channel = _keys.rate_channel(head("fw"), "u")
+    expect("rate_invalidate", fixed_keys("u", rates, True), (1, channel, "PUBLISH"))
+    expect("fixed_window", fixed_keys("u", rates, True), (9, 5, *rate_args(rates)))
+    expect("fixed_window_refund", fixed_keys("u", rates), (2,))
+    expect("rate_invalidate", fixed_keys("u", rates, True), (0, channel, "PUBLISH"))
+    expect("limiter_block", [block_key("fw", "u")], (2_500,))
+    await _admin.blocked_for(fixed, "u")
+    expect("limiter_blocked", [block_key("fw", "u")], ())
+    sliding = arl.SlidingWindow(*limits, buckets=7, backend=backend, count_denied=True)
+    await sliding.hit("v{w}", 3)
+    await sliding.refund("v{w}", 1)
+    channel = _keys.rate_channel(head("sw"), "v{w}")
+    expect("sliding_window", sliding_keys("v{w}", 7, rates), (3, 2, 7, *rate_args(rates)))
+    expect("sliding_window_refund", sliding_keys("v{w}", 7, rates), (1, 7, *rate_args(rates)))
+    expect("rate_invalidate", sliding_keys("v{w}", 7, rates), (0, channel, "PUBLISH"))
+    bucket = arl.TokenBucket(limits[0], burst=2, backend=backend, blockable=True)
+    await bucket.hit("u")
+    await bucket.refund("u")
+    await bucket.acquire("u", 2, wait=True, timeout=0)
+    expect("token_bucket", bucket_keys("u", R3, 2, True), (1, 1, 2, interval_us(R3)))
+    expect("token_bucket_refund", bucket_keys("u", R3, 2), (1, interval_us(R3)))
+    channel = _keys.rate_channel(head("tb"), "u")
+    expect("rate_invalidate", bucket_keys("u", R3, 2, True), (0, channel, "PUBLISH"))
+    expect("token_bucket", bucket_keys("u", R3, 2, True), (2, 1, 2, interval_us(R3), 0))
+
+    lock = arl.Lock("L1", ttl=0.005, backend=backend)
+    lease = await lock.acquire(timeout=0)
+    token = str(calls[-1][2][0])
+    await lease.extend()
+    await lock.locked()
+    await lease.release()
+    key, channel = lock_names("L1")
+    expect("lock_acquire", [key], (token, 5))
+    expect("lock_extend", [key], (token, 5))
+    expect("lock_locked", [key], ())
+    expect("lock_release", [key], (token, 5, channel, "PUBLISH"))
+    await _admin.lock_state(lock)
+    await _admin.force_release(lock)
+    expect("lock_holder", [key], ())
+    expect("lock_force_release", [key], (channel, "PUBLISH", ""))
+
+    sem = arl.Semaphore("S1", limit=2, ttl=0.0015, backend=backend)
+    lease = await sem.acquire(timeout=0)
+    token = str(calls[-1][2][0])
+    await lease.extend()
+    await sem.holders()
+    await lease.release()
+    holders, fences, channel = semaphore_names("S1")
+    expect("semaphore_acquire", [holders, fences], (token, 2, 2))
+    expect("semaphore_extend", [holders, fences], (token, 2))
+    expect("semaphore_holders", [holders], ())
+    expect("semaphore_release", [holders, fences], (token, 2, channel, "PUBLISH"))
+    await _admin.semaphore_state(sem)
+    expect("semaphore_list", [holders, fences], ())
+
+    one_shot = await arl.issue_token(ttl=0.0025, subject="alice", backend=backend)
+    await arl.consume_token(one_shot, "bob", backend=backend)
+    record = token_key(hashlib.sha256(one_shot.encode()).hexdigest())
+    expect("token_issue", [record], (SUBJECTS[1], 2_500))
+    expect("token_consume", [record], (SUBJECTS[2],))
+
+    idem = IdempotencyStore(backend, ttl=30.0, lease=0.001)
+    claimed = await idem.claim("order-1", b"body")
+    owner = str(calls[-1][2][0])
+    assert isinstance(claimed, Claimed)
+    await idem.renew(claimed)
+    await idem.complete(claimed, RESULTS[1])
+    claimed = await idem.claim("order-2")
+    second = str(calls[-1][2][0])
+    assert isinstance(claimed, Claimed)
+    await idem.release(claimed)
+    (record, channel), (other, other_channel) = idem_names("order-1"), idem_names("order-2")
+    expect("idem_claim", [record], (owner, FINGERPRINTS[1], 1_000))
+    expect("idem_renew", [record], (owner, 1_000))
+    expect("idem_complete", [record], (owner, RESULTS[1], 30_000_000, channel, "PUBLISH"))
+    expect("idem_claim", [other], (second, "", 1_000))
+    expect("idem_release", [other], (second, other_channel, "PUBLISH"))
+    await _admin.idempotency_state("order-1", backend=backend)
+    await _admin.idempotency_state("order-1", backend=backend, with_result=True)
+    expect("idem_state", [record], ("0",))
+    expect("idem_state", [record], ("1",))
+
+    await _admin.server_facts(backend, "u")
+    doctor = head(_admin.PROBE_KIND)
+    expect(
+        "server_check",
+        [_keys.tagged(doctor, "u", ":declared")],
+        (_keys.tagged(doctor, "u", ":undeclared"),),
+    )
+
+    await backend.aclose()
+    assert calls == sent
+    # ``delete`` is no longer the library's (a reset is ``rate_invalidate``, which tells the
+    # deny caches): the tests keep it to remove keys, and the machines above still check it.
+    assert {name for name, _, _ in calls} == set(SCRIPTS) - {"delete"}
+    # The oracle's tokens and owners look like the library's.
+    for drawn in (token, owner, second, *TOKENS):
+        assert re.fullmatch(r"[A-Za-z0-9_-]{22}", drawn), drawn
+
+
+def test_a_booking_fits_exactly_within_its_max_wait() -> None:
+    """A TokenBucket booking whose slot is exactly max_wait_us away is booked, one a
+    microsecond further is denied, and a block ends on its microsecond, on the Lua and on
+    the twin alike (instants the random histories seldom land on)."""
+    keys = bucket_keys("u", R4, 1, blockable=True)  # burst 1: one token per 2 000 µs
+    interval = interval_us(R4)
+    with side_by_side() as pair:
+        clock = pair.clock
+        both = functools.partial(pair.run, SCRIPTS["token_bucket"], keys, states=False)
+        assert both((1, 1, 1, interval))[0] == 1  # the one token
+        clock.now_us += 500
+        retry = interval - 500
+        assert both((1, 1, 1, interval, retry - 1))[:1] == [0]
+        booked = both((1, 1, 1, interval, retry))
+        assert booked[0] == 1
+        assert booked[4] == retry
+        # A block ends on its microsecond: denied one before, decided as usual at it.
+        pair.run(SCRIPTS["limiter_block"], keys[1:], (777,), states=False)
+        clock.now_us += 776
+        assert both((1, 0, 1, interval))[:5] == [0, 1, 0, 1, 1]
+        clock.now_us += 1
+        assert both((1, 0, 1, interval))[4] != 1
+
+
+def test_a_sliding_window_opens_the_next_bucket_though_its_ring_has_room() -> None:
+    """One rate: a hit in the bucket right after the newest one opens it (the script's
+    shortcut for a ring whose newest bucket is the current one must not take it), hits in
+    the current bucket, after a step back of the clock across the edge, a peek, a counted
+    denial and a plain one answer alike, keys included, on the Lua and on the twin (the
+    random histories never land on the first with room in the ring)."""
+    n, rate = 3, R4  # 5 per 10 000 µs in buckets of 3 334 µs
+    keys = sliding_keys("u", n, (rate,))
+    b = -(-rate[1] // n)
+    with side_by_side() as pair:
+        clock = pair.clock
+
+        def both(cost: int, mode: int) -> list[Any]:
+            return pair.run(SCRIPTS["sliding_window"], keys, (cost, mode, n, *rate_args((rate,))))
+
+        clock.now_us = (T0 // b + 1) * b + 10  # just inside a bucket
+        assert both(1, 1)[:3] == [1, 5, 4]  # a new ring
+        clock.now_us += b  # the next bucket: the newest is the one before
+        assert both(1, 1)[:3] == [1, 5, 3]
+        newest = clock.now_us
+        clock.now_us += 2
+        assert both(1, 1)[:3] == [1, 5, 2]  # the current bucket
+        clock.now_us = newest - 20  # back across the edge: counts into the newest
+        assert both(1, 1)[:3] == [1, 5, 1]
+        assert both(1, 0)[:3] == [1, 5, 0]  # a peek writes nothing
+        assert both(1, 2)[:3] == [1, 5, 0]  # counted, admitted
+        assert both(1, 2)[:3] == [0, 5, 0]  # counted though denied
+        assert both(1, 1)[:3] == [0, 5, -1]
+
+
+def test_a_hit_without_max_wait_one_microsecond_early_is_denied() -> None:
+    """A TokenBucket hit sent without max_wait_us, one µs before its token, is denied and
+    books nothing (max_wait_us defaults to 0), on the Lua and on the twin alike."""
+    keys = bucket_keys("u", R4, 1)
+    interval = interval_us(R4)
+    with side_by_side() as pair:
+        both = functools.partial(pair.run, SCRIPTS["token_bucket"], keys)
+        assert both((1, 1, 1, interval))[0] == 1  # the one token
+        pair.clock.now_us += interval - 1
+        assert both((1, 1, 1, interval))[:5] == [0, 1, 0, 1, 1]
+        pair.clock.now_us += 1
+        assert both((1, 1, 1, interval))[0] == 1

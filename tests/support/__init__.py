@@ -1,0 +1,1 @@
+"""What the tests share: servers, clusters, fault proxies, loops, pacing and forks."""

@@ -1,0 +1,87 @@
+"""The web layers' failure policy and shadow mode (``_web_policy``), over real uvicorn:
+``RateLimitMiddleware`` and the FastAPI ``RateLimit`` dependency with ``shadow=True`` never
+refuse and say what the limit said; with ``on_unavailable=Fallback(share)`` and the server
+stopped, nothing past the share is admitted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from support.servers import RedisServer
+from support.webserver import fresh_backend, serving
+from test_fastapi import limited_app
+from test_web import Echo
+
+import aioratelimit as arl
+from aioratelimit.asgi import RateLimitMiddleware
+from aioratelimit.fastapi import RateLimit
+
+
+async def test_middleware_shadow_never_refuses(store_url: str) -> None:
+    """shadow=True: every request reaches the app, with the real RateLimit fields and
+    ``X-RateLimit-Shadow`` saying which ones the limit would have refused."""
+    backend = fresh_backend(store_url)
+    app = Echo()
+    mw = RateLimitMiddleware(app, arl.FixedWindow("2/minute", backend=backend), shadow=True)
+    async with serving(mw, backend) as client:
+        responses = [await client.get("/") for _ in range(4)]
+    assert [r.status_code for r in responses] == [200] * 4
+    assert app.calls == 4
+    shadow = [r.headers["x-ratelimit-shadow"] for r in responses]
+    assert shadow == ["allowed", "allowed", "denied", "denied"]
+    assert all("ratelimit" in r.headers for r in responses)
+
+
+async def test_middleware_fallback_admits_only_its_share(own_redis: RedisServer) -> None:
+    """Server stopped, ``Fallback(0.2)`` of 10/minute: 2 of 6 requests pass, the rest get
+    429 (counted in-process), none a 503."""
+    backend = fresh_backend(own_redis.url)
+    app = Echo()
+    mw = RateLimitMiddleware(
+        app,
+        arl.FixedWindow("10/minute", backend=backend),
+        on_unavailable=arl.Fallback(0.2),
+        breaker=arl.Breaker(failures=1, cooldown=60.0),
+    )
+    async with serving(mw, backend) as client:
+        own_redis.stop()
+        responses = [await client.get("/") for _ in range(6)]
+    assert [r.status_code for r in responses] == [200] * 2 + [429] * 4
+    assert app.calls == 2
+
+
+async def test_fastapi_shadow_and_fallback(own_redis: RedisServer) -> None:
+    """The dependency: shadow mode lets the 4th request of 3/minute run, marked denied;
+    with the server stopped, the fallback's share (1 of 3) still holds."""
+    backend = fresh_backend(own_redis.url)
+    app = limited_app(backend, shadow=True)
+    async with serving(app, backend) as client:
+        responses = [await client.get("/limited") for _ in range(4)]
+    assert [r.status_code for r in responses] == [200] * 4
+    assert responses[-1].headers["x-ratelimit-shadow"] == "denied"
+    backend = fresh_backend(own_redis.url)
+    app = limited_app(backend, on_unavailable=arl.Fallback(0.34))
+    async with serving(app, backend) as client:
+        own_redis.stop()
+        responses = [await client.get("/limited") for _ in range(3)]
+    assert [r.status_code for r in responses] == [200, 429, 429]
+
+
+@pytest.mark.parametrize(
+    ("options", "exc"),
+    [
+        ({"on_unavailable": "maybe"}, ValueError),
+        ({"on_unavailable": "raise"}, ValueError),
+        ({"on_unavailable": 5}, TypeError),
+        ({"breaker": "x"}, TypeError),
+        ({"shadow": "y"}, TypeError),
+    ],
+)
+def test_bad_web_options(options: dict[str, Any], exc: type[Exception]) -> None:
+    """Bad options: refused when the middleware or the dependency is built."""
+    limiter = arl.FixedWindow("1/s", backend=arl.Backend.from_url("memory://"))
+    with pytest.raises(exc):
+        RateLimitMiddleware(Echo(), limiter, **options)
+    with pytest.raises(exc):
+        RateLimit(limiter, **options)
