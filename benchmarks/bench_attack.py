@@ -99,8 +99,8 @@ async def warm_denial(limiter: arl.Limiter, key: str) -> None:
 
 #: The plain limiter's denials as an earlier release made them, timed in a process of its
 #: own: ``AIORATELIMIT_BASELINE_PYTHON`` is an interpreter whose ``aioratelimit`` is that
-#: release (e.g. a venv with ``pip install -e`` of a ``git worktree`` of the commit an issue
-#: was filed against); argv: url, prefix, tasks, denials per task, chunks.
+#: release (e.g. a venv with ``pip install -e`` of a ``git worktree`` of the commit to
+#: compare with); argv: url, prefix, tasks, denials per task, chunks.
 BASELINE = r"""
 import asyncio, json, sys, time
 import aioratelimit as arl

@@ -309,7 +309,7 @@ def report(figs: Sequence[dict[str, float]], trips: list[list[str]]) -> None:
             ok = row[1] == row[2] == "1.00"
             rows.append([f"{row[0]} round trips (client / server)", "1",
                          f"{row[1]} / {row[2]}", "yes" if ok else "**no**"])  # fmt: skip
-    print_table("Targets (issue 4)", ["target", "goal", "measured", "met"], rows)
+    print_table("Targets", ["target", "goal", "measured", "met"], rows)
     print_notes(
         f"Method. Sequential: the conditions run interleaved in blocks of {SEQ_BLOCK} "
         f"operations, in an order that rotates every block, {SEQ_N} each per repetition. "

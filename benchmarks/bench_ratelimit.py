@@ -548,7 +548,7 @@ def report(
     for layout, _, usage, *_rest, goal, _met in usage_rows:
         if goal != "-":
             rows.append(target(f"MEMORY USAGE {layout}", float(usage), float(goal[2:]), False))
-    print_table("Targets (issue 2)", ["target", "goal", "measured", "met"], rows)
+    print_table("Targets", ["target", "goal", "measured", "met"], rows)
     print_notes(
         f"Method. Sequential: the conditions run interleaved in blocks of {SEQ_BLOCK} hits, "
         f"in an order that rotates every block, {SEQ_N} hits each per repetition. 64 tasks: "

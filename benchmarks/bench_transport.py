@@ -384,7 +384,7 @@ def report(reps: list[dict[str, float]], has_c: bool, has_cluster: bool) -> None
         targets.append((f"{name} sequential ÷ raw", "≥ 1.0", measured, 1.0))
     lock_cost = paired_ratio(col("raw|seq"), col("lock|seq"))
     print_table(
-        "Targets (issue 14)",
+        "Targets",
         ["target", "goal", "measured", "met"],
         [[t, g, fmt(m, 3), "yes" if m >= bound else "**no**"] for t, g, m, bound in targets]
         + [["lock acquire+release ÷ one raw EVALSHA (time)", "≤ 2.1", fmt(lock_cost, 3),

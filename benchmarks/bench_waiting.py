@@ -68,7 +68,7 @@ def limiter(kind: str, backend: arl.Backend) -> arl.Limiter:
 
 
 async def retry_waiter(lim: arl.Limiter, key: str) -> None:
-    """The waiter before ``_waiting``: sleep ``retry_after``, try again."""
+    """The waiter before ``_limits.waiting``: sleep ``retry_after``, try again."""
     decision = await lim.hit(key)
     while not decision.allowed:
         await asyncio.sleep(decision.retry_after + TIMER_SLACK)

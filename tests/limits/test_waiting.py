@@ -1,4 +1,4 @@
-"""Waiting that scales (``_waiting``): ``acquire(wait=True)``, ``async with limiter(key,
+"""Waiting that scales (``_limits.waiting``): ``acquire(wait=True)``, ``async with limiter(key,
 wait=True)`` and ``@limiter.limit(wait=True)`` cost one or two script calls per admitted
 request (counted with the backend's ``on_call`` hook), admit a process's waiters first come
 first served, and a TokenBucket waiter cancelled in its sleep gives its booked slot back."""

@@ -194,10 +194,10 @@ async def test_expired_lease_cannot_touch_the_new_holders_lock(
 
 
 async def test_release_twice_raises_not_owned(backend: arl.Backend, key: str) -> None:
-    """A second release of the same lease raises LockNotOwned (as API.md, redis-py's Lock
-    and asyncio.Lock do) and changes nothing: a lock taken since by another stays held;
-    extend after it is refused too. Leaving ``async with lease`` after a release by hand
-    is not an error."""
+    """A second release of the same lease raises LockNotOwned (as docs/locks.md says, and
+    as redis-py's Lock and asyncio.Lock do) and changes nothing: a lock taken since by
+    another stays held; extend after it is refused too. Leaving ``async with lease`` after
+    a release by hand is not an error."""
     lk = arl.Lock(key, backend=backend)
     lease = await lk.acquire()
     assert "held" in repr(lease)

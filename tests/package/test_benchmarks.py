@@ -79,7 +79,7 @@ def test_benchmark_smoke_run(script: Path, redis_url: str, sync_redis: redis.Red
     """The script exits 0, prints Markdown tables, and leaves no key of its own behind."""
     stdout = smoke_run(script, sync_redis, REDIS_URL=redis_url)
     if script.stem == "bench_attack":
-        # Not a timing: the three measurements the issue asks for are all printed.
+        # Not a timing: its three measurements are all printed.
         for title in ("Denied decisions per second", "A flood of 64 tasks", "breaker open"):
             assert title in stdout, stdout[-3000:]
     if script.stem == "bench_idempotency":

@@ -87,7 +87,7 @@ def extract(page: Path) -> list[Example]:
 EXAMPLES = [example for page in PAGES if page.exists() for example in extract(page)]
 
 
-def test_every_page_of_this_issue_has_examples() -> None:
+def test_the_core_pages_have_examples() -> None:
     """The extractor finds the examples (a broken fence pattern would silently skip them)."""
     pages = {example.page.name for example in EXAMPLES}
     assert {"README.md", "index.md", "ratelimits.md", "errors.md"} <= pages
@@ -189,7 +189,7 @@ def test_examples_type_check(request: pytest.FixtureRequest) -> None:
 
 def test_every_page_is_linked_from_the_index_and_the_readme() -> None:
     """A page of docs/ nobody links to is a page nobody finds: docs/index.md and README.md
-    link every one (the recipes of issue 13 included)."""
+    link every one (the recipe pages included)."""
     index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "index.md")

@@ -11,17 +11,17 @@ from support import jobs
 
 import aioratelimit as arl
 
-#: The names API.md promises at the top level.
+#: The core of the public contract: names users program against, which never change.
 CONTRACT = {
-    # §1 the shared pool
+    # backends
     "Backend", "configure", "get_backend",
-    # §2 rate limits
+    # rate limits
     "Rate", "Decision", "FixedWindow", "SlidingWindow", "TokenBucket",
-    # §3 locks and semaphores
+    # locks and semaphores
     "lock", "Lock", "Lease", "semaphore", "Semaphore",
-    # §4 idempotency
+    # idempotency
     "issue_token", "consume_token", "consumes_token", "idempotent",
-    # §5 errors
+    # errors
     "AioRateLimitError", "RateLimited", "LockTimeout", "LockLost", "LockNotOwned",
     "TokenRejected", "IdempotencyInProgress", "IdempotencyKeyMismatch", "BackendUnavailable",
 }  # fmt: skip
@@ -75,7 +75,7 @@ def test_the_extensions_are_exported() -> None:
 
 
 def test_the_api_contract_is_exported() -> None:
-    """Every top-level name API.md promises is in ``__all__``."""
+    """Every name of the core contract is in ``__all__``."""
     assert CONTRACT - set(arl.__all__) == set()
 
 

@@ -188,6 +188,6 @@ def test_the_walker_sees_lazy_and_type_checking_imports() -> None:
 
 
 def test_no_module_is_much_over_450_lines() -> None:
-    """Every module stays readable in one sitting (the house rule: about 450 lines)."""
+    """Every module stays readable in one sitting: about 450 lines at most."""
     long = {m: n for m, p in modules().items() if (n := len(p.read_text().splitlines())) > 470}
     assert not long, long

@@ -1,5 +1,5 @@
 """Recovery from network faults, made by a proxy (``faultproxy``) in front of a private
-real server (issue 15, items 1-4):
+real server:
 
 1. a release whose reply (or request) is lost is sent again, so one reset does not keep a
    lock, a semaphore slot or an idempotency key held for its whole ttl; nor does one that
@@ -166,10 +166,10 @@ async def test_a_lost_acquire_reply_then_a_lost_cleanup_request_frees_the_lock(
 async def test_under_random_resets_no_hold_ends_in_lock_timeout(
     proxy: FaultProxy, key: str
 ) -> None:
-    """The issue's scenario: 60 holds of a ttl=30 lock in a row, connections reset at
-    random points all along. A hold may fail with BackendUnavailable (its acquire's or
-    release's connection reset) but never with LockTimeout: no hold leaks (before the
-    fix, about half of them did)."""
+    """60 holds of a ttl=30 lock in a row, connections reset at random points all along.
+    A hold may fail with BackendUnavailable (its acquire's or release's connection reset)
+    but never with LockTimeout: no hold leaks (without the resent release, about half of
+    them did)."""
     outcomes: dict[str, int] = {"held": 0, "unavailable": 0, "timeout": 0}
     async with _backend(proxy.url) as backend:
         proxy.chaos(random.Random(15), replies=(3, 12), into=(0, 40))

@@ -38,7 +38,7 @@ CONNECT_TIMEOUT = 0.5
 BOUND = 3 * TIMEOUT + 2.0
 #: A call still running after this long hangs: it fails here, not at pytest's timeout.
 HANG = 4 * BOUND
-#: How long the cancellation soak runs (seconds); the issue's soak is 60.
+#: How long the cancellation soak runs (seconds); ARL_SOAK_SECONDS=60 for a long one.
 SOAK_SECONDS = float(os.environ.get("ARL_SOAK_SECONDS", "8"))
 
 

@@ -1,4 +1,4 @@
-"""The web layers' failure policy and shadow mode (``_web_policy``), over real uvicorn:
+"""The web layers' failure policy and shadow mode (``_web.policy``), over real uvicorn:
 ``RateLimitMiddleware`` and the FastAPI ``RateLimit`` dependency with ``shadow=True`` never
 refuse and say what the limit said; with ``on_unavailable=Fallback(share)`` and the server
 stopped, nothing past the share is admitted."""
