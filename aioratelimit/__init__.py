@@ -1,7 +1,7 @@
 """aioratelimit: distributed rate limits, locks and idempotency for asyncio on Redis.
 
-Every operation is one atomic Lua script (one round trip) through one shared, bounded
-connection pool per backend, decided on the Redis server's clock. ``memory://`` is an
+Every operation is one atomic Lua script (one round trip) on the backend's shared,
+multiplexed connection, decided on the Redis server's clock. ``memory://`` is an
 in-process store with the same semantics, and the default when nothing is configured.
 """
 

@@ -185,7 +185,7 @@ class Backend:
 
     @property
     def notifier(self) -> Notifier:
-        """The backend's shared pub/sub subscriber (see ``_notify``)."""
+        """The backend's shared pub/sub subscriber (see ``_stores.notify``)."""
         return self._store.notifier
 
     @property

@@ -8,9 +8,9 @@ name: those are unbounded and private. A recorder is a ``Recorder`` (a base clas
 methods do nothing): ``aioratelimit.otel`` turns its calls into OpenTelemetry instruments;
 an application without OpenTelemetry subclasses it (both public: ``docs/metrics.md``).
 
-Hooks for the producers other parts of the package add (the lead wires them):
-``decided(..., result=DENIED_CACHED | DEGRADED | SHADOW_DENIED)`` for a decision that did not
-come from the script, and ``breaker_changed(state)`` when a circuit breaker changes state.
+A decision that did not come from a script (the deny cache, a fallback, shadow mode) is
+reported with ``decided(..., result=DENIED_CACHED | DEGRADED | SHADOW_DENIED)``, and a
+circuit breaker's change of state with ``breaker_changed(state)``.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ async def decide(
 
 
 async def guarded(limiter: str | None, algorithm: str, call: Awaitable[Decision]) -> Decision:
-    """``await call`` (a decision through a limiter's options: ``_guard``), timed and
+    """``await call`` (a decision through a limiter's options: ``_limits.guard``), timed and
     reported with the result its fields say (``result_of``)."""
     began = _clock()
     token = LIMITER.set(limiter)

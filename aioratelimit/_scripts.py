@@ -2,10 +2,9 @@
 
 Every Redis operation is one file in ``lua/`` (shipped inside the wheel as
 ``aioratelimit/lua``), except ``semaphore_common.lua``, the part the three semaphore
-steps share, read in front of each. Each is read here once, its SHA1 computed locally, and
-the Redis stores run it with EVALSHA, loading it again on NOSCRIPT (``_stores.wire`` for the
-connections a backend owns, ``_stores.standalone`` for a client passed in). The memory store
-answers the same ``Script`` objects with a Python twin of the same name (``_stores.memory``).
+steps share, read in front of each. Each is read here once and its SHA1 computed locally:
+the Redis stores run it with EVALSHA, loading it again on NOSCRIPT, and the memory store
+answers the same ``Script`` with a Python twin of the same name.
 
 ``Arg`` and ``Reply`` are the types of a call; the small enums below name the codes a
 script answers with, next to the script (each compares equal to the bare integer Redis
@@ -58,7 +57,7 @@ def _lua_dir() -> Path:
 @dataclass(frozen=True, slots=True)
 class Script:
     """One Lua file: its name (the file stem), source and SHA1, and the first two RESP
-    arguments of its EVALSHA and of its EVAL, packed once (``_connections.pack``).
+    arguments of its EVALSHA and of its EVAL, packed once (``_stores.wire.pack``).
 
     ``repeatable``: running it twice with the same arguments does what running it once
     does, and its reply says so (a release that leaves a tombstone): the one kind of

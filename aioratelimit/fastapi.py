@@ -17,7 +17,7 @@ alone never imports FastAPI. No dependency needs a ``request`` parameter in the 
     async def confirm(token: str = Depends(ConsumeToken(header="X-Token"))) -> dict[str, str]: ...
 
 ``Depends(IdempotencyKey(principal=current_account))`` gives an ``IdempotentRequest``
-whose ``await idem.run(charge, ...)`` runs once per account and key (``_fastapi_idempotency``).
+whose ``await idem.run(charge, ...)`` runs once per account and key.
 
 Rejections are raised as ``ProblemException`` (an ``HTTPException``): FastAPI's default
 handler answers ``{"detail": ...}`` as JSON with the status and headers; after

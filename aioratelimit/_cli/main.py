@@ -1,10 +1,13 @@
 """The ``aioratelimit`` command: operate a deployment from a shell.
 
-``demo``     the limiters at work (``_cli_demo``)
-``inspect``  a key under a limiter spec, a lock, a semaphore, an idempotency key (``_cli_state``)
+``demo``     the limiters at work
+``inspect``  a key under a limiter spec, a lock, a semaphore, an idempotency key
 ``reset``    forget a key; free a lock whose holder crashed (``--force``)
-``doctor``   is this deployment ready: version, mode, scripts, clock, latency (``_cli_doctor``)
-``bench``    ours against the raw redis-py floor, sequential and concurrent (``_cli_bench``)
+``doctor``   is this deployment ready: version, mode, scripts, clock, latency
+``bench``    ours against the raw redis-py floor, sequential and concurrent
+
+This module holds the parser; each command lives in the module of its name (``inspect``
+and ``reset`` in ``state``).
 
 Every command talks to ``--url``, else ``REDIS_URL``, else ``memory://``. Every failure the
 user can cause (bad input, an unreachable server) is one line on stderr and exit status 2,

@@ -1,8 +1,8 @@
 """``aioratelimit inspect`` and ``aioratelimit reset``: the state of one key, lock, semaphore
 or idempotency key, and forgetting it.
 
-Every read goes through a script that writes nothing (a limiter's ``peek``, ``_admin``'s
-reads); none shows a holder's token, and an idempotency key's stored result only with
+Every read goes through a script that writes nothing (a limiter's ``peek``, the reads of
+``admin``); none shows a holder's token, and an idempotency key's stored result only with
 ``--show-result``. ``reset lock --force`` shows the holder it would free, asks, and frees
 only that holder (the fence is checked in the same script that frees it).
 """

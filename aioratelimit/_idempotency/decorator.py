@@ -1,7 +1,7 @@
 """``@arl.idempotent``: run an async function once per idempotency key and replay its
-result, on the claims of ``_idempotency.IdempotencyStore``; how a result is recorded and
-read back (the serializer, the return annotation, a result that cannot be stored) is
-``_results.Codec``'s.
+result. The claims, leases and stored payloads are the store's (``IdempotencyStore``);
+turning a result into a payload and back (the serializer, the return annotation, a result
+that cannot be stored) is the ``Codec``'s (``results``).
 """
 
 from __future__ import annotations

@@ -8,8 +8,6 @@
   model, a dataclass, a tuple, and those inside lists, dicts and ``X | None``);
 - the record of a result that cannot be stored: "completed, result not storable" with the
   reason, so that such a result never makes the function run twice.
-
-Reads only ``_errors``: ``_idempotent`` builds on it.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Idempotency keys: the store of claims that ``@idempotent`` (``_idempotent``) and the
-HTTP middleware are built on.
+"""Idempotency keys: the store of claims that ``@idempotent`` and the HTTP middleware are
+built on.
 
 One Redis hash per idempotency key holds its state, and each transition is one script,
 fenced by the random owner token the claim was given:

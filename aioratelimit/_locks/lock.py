@@ -7,11 +7,12 @@ script (``lua/lock_*.lua``, ``lua/semaphore_*.lua``) that is safe to send twice:
 again with the token that holds returns the same fence, and releasing leaves a tombstone so a
 repeated release is recognised (and a late copy of a cancelled acquire takes nothing).
 
-Waiting: try once; if held, subscribe to the name's wake-up channel (``_notify``: one shared
-subscriber per backend, wake-one per process), try again, then sleep until woken or until the
-holder's TTL (at most ``FALLBACK_WAIT``) has passed. An acquire that finds another acquire of
-the same name in flight in this process (``Notifier.arrive``) subscribes before its first
-try instead. A waiter holds no pooled connection.
+Waiting: try once; if held, subscribe to the name's wake-up channel (the backend's
+``Notifier``: one shared subscriber per backend, wake-one per process), try again, then
+sleep until woken or until the holder's TTL (at most ``FALLBACK_WAIT``) has passed. An
+acquire that finds another acquire of the same name in flight in this process
+(``Notifier.arrive``) subscribes before its first try instead. A waiter holds no
+connection while it waits.
 
 Cancellation: a cancelled or failed acquire may have reached the server with only its reply
 lost, so it is followed by a release with the same token; a cancelled release is sent again.
@@ -23,7 +24,7 @@ Bounds: an acquire with ``timeout=t`` returns or raises within ``t`` plus the ba
 raises ``BackendUnavailable``, and a cleanup release still under way runs on by itself.
 
 What an acquisition gives back, a ``Lease``, and the ``async with`` block that renews it
-live in ``_lease``.
+live in ``lease``.
 """
 
 from __future__ import annotations

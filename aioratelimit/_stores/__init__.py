@@ -1,8 +1,8 @@
 """The stores: where a backend's scripts run.
 
 ``base``        the ``Store`` protocol and the one translation of redis-py and socket errors
-``memory``      ``memory://``: every script answered by its Python twin (``memory_*``),
-                on Redis's keyspace rules (``keyspace``)
+``memory``      ``memory://``: every script answered by its Python twin, on Redis's
+                keyspace rules (``memory.keyspace``)
 ``wire``        one multiplexed, auto-pipelined connection per server (``endpoint``: where
                 and how it connects)
 ``standalone``  one Redis server (``redis://``, ``rediss://``, ``unix://``, or a client
@@ -10,6 +10,7 @@
 ``sentinel``    the server the sentinels name as the master
 ``cluster``     the master that owns the keys' slot, and its sharded subscriber
                 (``cluster_pubsub``)
+``notify``      wake-ups: one pub/sub subscriber per backend, fanned out to local waiters
 
 Nothing here imports ``_backend`` or a primitive: stores know scripts, keys and arguments,
 never what a limiter or a lock means.

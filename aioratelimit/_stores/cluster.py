@@ -2,34 +2,32 @@
 subscriber that listens on it.
 
 Every script's keys share one hash tag (``_keys``), so each call goes to exactly one master.
-``ClusterStore`` keeps redis-py's ``RedisCluster`` for the topology (slot map, per-node
-connection pools, rediscovery) and adds what the library promises on every backend:
+``ClusterStore`` keeps redis-py's ``RedisCluster`` for the topology (slot map, discovery)
+and for the calls it must reroute, and adds what the library promises on every backend:
 
-- one round trip on the usual path: EVALSHA straight to the node the slot map names (redis-py's
-  own routing resolves a command policy and the slot on every call: about 13 % slower);
-- a bounded number of calls in flight, queued rather than failed: redis-py's per-node pool
-  raises ``MaxConnectionsError`` at once when it is exhausted; the store's gate lets at
-  most ``max_connections`` calls in, so no node's pool ever runs out;
+- one round trip on the usual path: EVALSHA straight to the master the slot map names, on
+  one multiplexed connection per master (``wire.Link``), never resent;
+- a bounded number of calls in flight (``max_in_flight``; for a client passed in, its pool
+  size), queued rather than failed;
 - one explicit ``initialize()`` before the first call (concurrent first calls on a fresh
   client raced each other in redis-py, redis/redis-py#3935);
 - NOSCRIPT answered by EVAL on the node that reported it, which caches the script there;
-- ASK (a slot migrating) answered with ASKING and the script on one connection of the
-  importing node; MOVED, a refused connection or TRYAGAIN through ``RedisCluster`` itself,
-  which repairs its slot map; a timeout or CLUSTERDOWN not retried (the script may have run),
-  the map refreshed in the background;
+- ASK (a slot migrating) answered with ASKING and the script in one write to the importing
+  node; MOVED, TRYAGAIN or a connection refused before anything was sent go through
+  ``RedisCluster`` itself, which repairs its slot map; a timeout, CLUSTERDOWN or READONLY
+  is not retried (the script may have run), and the map is refreshed in the background;
 - every failure as ``BackendUnavailable``: the cluster client also raises exceptions outside
   ``RedisError`` (``RedisClusterException`` when no node answers, and internal errors under
-  races), so here any exception of the client call is translated, with its cause chained.
+  races), so here any exception of a call is translated, with its cause chained.
 
-Wake-ups use sharded pub/sub (Redis >= 7.0, which the scripts need anyway): scripts
-``SPUBLISH`` on a channel that carries the hash tag of their keys (``backend.publish_command``),
-so a message stays inside the shard that owns it, and ``cluster_pubsub.ShardedPubSub``
-holds one dedicated connection (outside the pool) per master that owns a channel someone
-waits on.
+Wake-ups use sharded pub/sub (Redis >= 7.0): scripts ``SPUBLISH`` on a channel that carries
+the hash tag of their keys, so a message stays inside the shard that owns it, and
+``cluster_pubsub.ShardedPubSub`` holds one dedicated connection per master that owns a
+channel someone waits on.
 
-Event loops: as on a standalone server (``standalone``), the store serves one running loop
-at a time, and the node connections opened on a loop are closed when that loop shuts down;
-the next loop discovers the cluster afresh.
+Event loops: as on a standalone server, the store serves one running loop at a time, and
+the node connections opened on a loop are closed when that loop shuts down; the next loop
+discovers the cluster afresh.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """The wake-up subscriber on a Redis Cluster: SSUBSCRIBE each channel on the master that owns
-its slot, one dedicated connection (outside the store's pools) per such master.
-
-It asks the store for the topology only through ``Topology``, so it needs nothing of
-``cluster`` but that slice.
+its slot, one dedicated connection (outside the store's pools) per such master. It
+follows a channel's slot when it moves or its master fails.
 """
 
 from __future__ import annotations

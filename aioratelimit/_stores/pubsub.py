@@ -2,7 +2,7 @@
 client passed in, valkey-py) PubSub on a dedicated one-connection pool, so it never takes
 one of the store's connections.
 
-The ``Notifier`` (``_notify``) drives it: subscribe, unsubscribe, probe, read messages;
+The backend's ``Notifier`` (``notify``) drives it: subscribe, unsubscribe, probe, read messages;
 on any failure (or a probe left unanswered) it closes this one and builds a new one, which
 connects afresh (to the promoted master, behind Sentinel).
 """

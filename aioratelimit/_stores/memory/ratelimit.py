@@ -1,6 +1,6 @@
 """The memory twins of the rate-limit scripts: ``lua/fixed_window.lua``,
 ``lua/sliding_window.lua``, ``lua/token_bucket.lua``, ``lua/delete.lua`` and
-``lua/rate_invalidate.lua`` (the blocks and refunds are in ``memory_penalties``).
+``lua/rate_invalidate.lua`` (the blocks and refunds are in ``penalties``).
 
 Each function is named like its file, takes the keyspace, the script's KEYS and ARGV and the
 clock reading the script would get from ``TIME`` (µs), follows the Lua line for line and

@@ -1,9 +1,9 @@
 """The embedded ``memory://`` store: every Lua script answered by its Python twin.
 
 ``MemoryStore.run(script, keys, args)`` answers exactly what a Redis store answers for the
-same script, keys and arguments, given the same clock reading. The twins live in
-``memory_ratelimit``, ``memory_penalties``, ``memory_locks``, ``memory_idempotency`` and
-``memory_server``, one function per file of ``lua/``, named like it; the dispatch is derived
+same script, keys and arguments, given the same clock reading. The twins live in the
+modules beside this one (``ratelimit``, ``penalties``, ``locks``, ``idempotency`` and
+``server``), one function per file of ``lua/``, named like it; the dispatch is derived
 from those names, and ``tests/stores/test_oracle.py`` runs the real Lua (fakeredis with lupa)
 against every twin.
 
