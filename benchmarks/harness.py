@@ -215,6 +215,7 @@ class RedisCluster:
 
     def __init__(self, scratch: Path, masters: int = 3, replicas: int = 1) -> None:
         self.nodes: list[RedisServer] = []
+        self.replicas = masters * replicas
         try:
             for _ in range(masters * (1 + replicas)):
                 self.nodes.append(
@@ -250,13 +251,19 @@ class RedisCluster:
         return self.nodes[0]
 
     def _healthy(self) -> bool:
+        """Every node serves, agrees on who replicates whom, and is linked to the others
+        (right after forming, a node may still see a replica as a master without slots,
+        and a shard's wake-ups would skip it)."""
         for node in self.nodes:
             with node.client() as client:
                 info = client.cluster("INFO")
+                seen = client.cluster("NODES").values()
                 repl = client.info("replication")
-            if info.get("cluster_state") != "ok" or int(info.get("cluster_known_nodes", 0)) != len(
-                self.nodes
-            ):
+            if info.get("cluster_state") != "ok" or len(seen) != len(self.nodes):
+                return False
+            if sum("slave" in peer["flags"] for peer in seen) != self.replicas:
+                return False
+            if not all(peer["connected"] for peer in seen):
                 return False
             if repl["role"] == "slave" and repl.get("master_link_status") != "up":
                 return False
@@ -312,8 +319,12 @@ class CpuMeter:
         return Cpu(total, main)
 
     def since(self, start: Cpu) -> Cpu:
-        """The servers' CPU since the reading ``start``, less one reading's own cost."""
-        return self.read() - start - self.overhead
+        """The servers' CPU since the reading ``start``, less one reading's own cost (never
+        below zero: the cost is a median, an idle interval may come out a little under)."""
+        used = self.read() - start - self.overhead
+        return Cpu(
+            max(0.0, used.total), used.main if math.isnan(used.main) else max(0.0, used.main)
+        )
 
     def calibrate(self, pairs: int = 31) -> None:
         deltas = []
@@ -358,6 +369,37 @@ class Lab:
         return self.redis.url
 
 
+@contextlib.contextmanager
+def started(cluster: bool = False) -> Iterator[Lab]:
+    """A ``Lab``: a redis-server (and a cluster), their meters calibrated; every server is
+    stopped by PID on the way out, however it is left."""
+    scratch = Path(tempfile.mkdtemp(prefix="arl-bench-"))
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, scratch, ignore_errors=True)
+        server = RedisServer(scratch)
+        stack.callback(server.stop)
+        lab = Lab(server, CpuMeter([server]), scratch=scratch)
+        stack.callback(lab.meter.close)
+        if cluster:
+            lab.cluster = RedisCluster(scratch)
+            stack.callback(lab.cluster.stop)
+            lab.cluster_meter = CpuMeter(lab.cluster.nodes)
+            stack.callback(lab.cluster_meter.close)
+            lab.cluster_meter.calibrate()
+        lab.meter.calibrate()
+        yield lab
+
+
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """``main`` on the ``LOOP`` event loop."""
+    if LOOP == "uvloop":
+        import uvloop
+
+        uvloop.run(main)
+    else:
+        asyncio.run(main)
+
+
 def run(
     body: Callable[[Lab], Coroutine[Any, Any, None]],
     title: str,
@@ -366,37 +408,14 @@ def run(
     cluster: bool = False,
     extra: Sequence[tuple[str, str]] = (),
 ) -> None:
-    """Start the servers, print the report's header, run ``body`` on the ``LOOP`` event
-    loop, and stop every server by PID, whatever happens."""
-    scratch = Path(tempfile.mkdtemp(prefix="arl-bench-"))
-    started: list[Callable[[], None]] = []
-    try:
-        server = RedisServer(scratch)
-        started.append(server.stop)
-        lab = Lab(server, CpuMeter([server]), scratch=scratch)
-        started.append(lab.meter.close)
-        if cluster:
-            lab.cluster = RedisCluster(scratch)
-            started.append(lab.cluster.stop)
-            lab.cluster_meter = CpuMeter(lab.cluster.nodes)
-            started.append(lab.cluster_meter.close)
-            lab.cluster_meter.calibrate()
-        lab.meter.calibrate()
+    """A benchmark's whole run: start its servers, print the report's header, run
+    ``body`` on the ``LOOP`` event loop, and stop every server."""
+    with started(cluster) as lab:
         print_header(title, lab, packages, extra)
-        if LOOP == "uvloop":
-            import uvloop
-
-            uvloop.run(body(lab))
-        else:
-            asyncio.run(body(lab))
+        run_loop(body(lab))
         if REPS < MIN_REPS:
             print_notes(f"**Smoke run** (REPS={REPS} < {MIN_REPS}): not a measurement.")
         sys.stdout.flush()
-    finally:
-        for stop in reversed(started):
-            with contextlib.suppress(Exception):
-                stop()
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 # -- clients ------------------------------------------------------------------------------
@@ -856,9 +875,9 @@ def print_header(
     """The report's title, the machine, the servers the run started, versions and knobs."""
     with lab.redis.client() as client:
         server = client.info("server")
-    servers = f"{server.get('redis_version', '?')}, one on 127.0.0.1:{lab.redis.port}"
+    servers = f"{server.get('redis_version', '?')} on 127.0.0.1"
     if lab.cluster is not None:
-        servers += f"; a cluster of 3 masters + 3 replicas at {lab.cluster.url}"
+        servers += ", and a cluster of 3 masters and 3 replicas"
     print(f"# {title}")
     if REPS < MIN_REPS:
         print(f"\n**Smoke run** (REPS={REPS} < {MIN_REPS}): the figures below mean nothing.")
@@ -870,6 +889,8 @@ def print_header(
         ["redis-server", servers + " (started by the run)"],
         *([p, version(p)] for p in packages),
         ["event loop", LOOP],
+        ["server CPU", f"`INFO CPU` deltas around each measured block, less a reading's own "
+                       f"{1e6 * lab.meter.overhead.total:.0f} µs"],
         *([k, v] for k, v in extra),
         ["knobs", f"REPS={REPS} SCALE={SCALE}"],
     ]  # fmt: skip
