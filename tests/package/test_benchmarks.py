@@ -156,3 +156,19 @@ def test_every_benchmark_is_found() -> None:
     stems = {s.stem for s in SCRIPTS}
     assert {"bench_transport", "bench_ratelimit"} <= stems
     assert SERVER_CPU_ROWS.keys() <= stems
+
+
+def test_run_refuses_a_name_no_benchmark_has() -> None:
+    """benchmarks/run.py (the one command for several benchmarks) refuses an unknown name
+    before it runs anything, and lists the names it knows: every bench_*.py."""
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "run.py"), "transport", "nosuch"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    listed = done.stderr.rpartition("the benchmarks: ")[2].strip().split(", ")
+    assert listed == [s.stem.removeprefix("bench_") for s in SCRIPTS]
