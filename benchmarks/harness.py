@@ -71,7 +71,7 @@ import redis
 import redis.asyncio as aredis
 
 import aioratelimit as arl
-from aioratelimit._scripts import Arg, Reply, Script, script
+from aioratelimit._scripts import Arg, Reply, Script
 
 # -- knobs --------------------------------------------------------------------------------
 
@@ -430,8 +430,6 @@ local c = redis.call('INCR', KEYS[1])
 if c == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
 return {c, redis.call('PTTL', KEYS[1])}
 """
-#: The floor's script for our backend (our client path without our scripts).
-FLOOR_SCRIPT = script("bench_floor", FLOOR_LUA)
 WINDOW_MS = 60_000
 
 
