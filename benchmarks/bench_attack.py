@@ -1,16 +1,16 @@
 """Under attack and under outage: the deny cache, and decisions with the breaker open.
 
-Run against a server you started (keys live under a prefix unique to the run and are
-deleted at the end)::
+Run (it starts its own redis-server on a free loopback port and stops it at the end)::
 
-    REDIS_URL=redis://127.0.0.1:6391/0 .venv/bin/python benchmarks/bench_attack.py
+    .venv/bin/python benchmarks/bench_attack.py
 
 Three measurements:
 
 1. **Denied decisions per second**, one key far over its limit, hit by 64 tasks at once:
    a plain ``FixedWindow`` (every denied hit is a script call) against the same limiter
    with ``deny_cache`` (answered in-process), interleaved in blocks in rotating order;
-   the ratio is the median of the per-repetition ratios. With
+   the ratio is the median of the per-repetition ratios, and the server's CPU per denial
+   beside it. With
    ``AIORATELIMIT_BASELINE_PYTHON`` (an interpreter whose ``aioratelimit`` is an earlier
    release: a venv with ``pip install -e`` of a ``git worktree`` of it), the plain
    limiter of that release too, timed in a process of its own once per repetition (before
@@ -34,25 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import redis.asyncio as aredis
-from _common import (
-    REPS,
-    bench_prefix,
-    delete_prefix,
-    fan_out,
-    interleave,
-    paired_ratio,
-    perf,
-    print_header,
-    print_notes,
-    print_smoke_note,
-    print_table,
-    progress,
-    ratio,
-    redis_url,
-    scaled,
-    with_spread,
-)
+import harness as h
 
 import aioratelimit as arl
 from aioratelimit._scripts import Arg, Reply, Script
@@ -61,30 +43,27 @@ TASKS = 64
 #: denied hits per task in one chunk of the throughput measurement (64 tasks x 200): long
 #: enough that a chunk's task start-up is not what a cached denial is measured against
 #: (with 20 per task it was a third of the cached chunks' time)
-PER_TASK = scaled(200, minimum=20)
-CHUNKS = scaled(10, minimum=2)
+PER_TASK = h.scaled(200, minimum=20)
+CHUNKS = h.scaled(10, minimum=2)
 WINDOW, LIMIT = 0.5, 5
-WINDOWS = scaled(8, minimum=2)  # windows (of 0.5 s) per repetition
-OPEN_N = scaled(20_000, minimum=200)
+WINDOWS = h.scaled(8, minimum=2)  # windows (of 0.5 s) per repetition
+OPEN_N = h.scaled(20_000, minimum=200)
 
 LIMITER_SCRIPTS = ("fixed_window", "sliding_window", "token_bucket")
 
 
 class Counting:
-    """Counts limiter script calls through one backend, and the denials among them."""
+    """Counts limiter script calls, and the denials among them (``h.intercept``'s hook)."""
 
-    def __init__(self, backend: arl.Backend) -> None:
+    def __init__(self) -> None:
         self.calls = self.denied = 0
-        inner = backend.run
 
-        async def run(script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
-            reply = await inner(script, keys, args)
-            if script.name in LIMITER_SCRIPTS:
-                self.calls += 1
-                self.denied += reply[0] != 1
-            return reply
-
-        backend.run = run
+    def __call__(
+        self, script: Script, keys: Sequence[str], args: Sequence[Arg], reply: Reply
+    ) -> None:
+        if script.name in LIMITER_SCRIPTS:
+            self.calls += 1
+            self.denied += reply[0] != 1
 
 
 async def warm_denial(limiter: arl.Limiter, key: str) -> None:
@@ -158,67 +137,61 @@ def baseline_label(package_file: str) -> str:
     return found.stdout.strip() or package_file
 
 
-async def throughput(url: str, prefix: str) -> list[list[object]]:
-    async with arl.Backend.from_url(url, prefix=prefix) as backend:
+async def throughput(lab: h.Lab) -> list[list[object]]:
+    url, prefix = lab.url, lab.prefix
+    async with h.our_backend(url, prefix) as backend:
         plain = arl.FixedWindow("1/hour", backend=backend, name="plain")
         cached = arl.FixedWindow("1/hour", backend=backend, name="cached", deny_cache=1000)
         await warm_denial(plain, "attacker")
         await warm_denial(cached, "attacker")
-        cases = {
-            "plain": fan_out(lambda i: plain.hit("attacker"), TASKS, PER_TASK),
-            "cached": fan_out(lambda i: cached.hit("attacker"), TASKS, PER_TASK),
-            "plain, 1 task": fan_out(lambda i: plain.hit("attacker"), 1, PER_TASK),
-            "cached, 1 task": fan_out(lambda i: cached.hit("attacker"), 1, PER_TASK),
-        }
-        per_s: dict[str, list[float]] = {name: [] for name in cases}
+        reps = h.Reps()
         base_s: list[float] = []
         where = ""
-        for rep in range(REPS):
-            progress(f"denied decisions/s, repetition {rep + 1}/{REPS}")
+        for rep in range(h.REPS):
+            h.progress(f"denied decisions/s, repetition {rep + 1}/{h.REPS}")
             # The baseline's process before ours on even repetitions, after on odd ones.
             if rep % 2 == 0 and (base := baseline(url, prefix)) is not None:
                 base_s.append(base[0])
                 where = base[1]
-            secs = await interleave(cases, CHUNKS, 1, rotate=rep)
-            for name, s in secs.items():
-                tasks = TASKS if "1 task" not in name else 1
-                per_s[name].append(tasks * PER_TASK / s)
+            got: dict[str, h.Sample] = {}
+            for tasks in (TASKS, 1):
+                cases = {
+                    f"plain|{tasks}": lambda i: plain.hit("attacker"),
+                    f"cached|{tasks}": lambda i: cached.hit("attacker"),
+                }
+                got |= await h.crowds(cases, tasks, PER_TASK, CHUNKS, rep, lab.meter)
+            reps.append(got)
             if rep % 2 == 1 and (base := baseline(url, prefix)) is not None:
                 base_s.append(base[0])
     rows: list[list[object]] = []
     if base_s:
         label = f"plain `FixedWindow` of {baseline_label(where)} (baseline), {TASKS} task(s)"
-        rows.append([label, with_spread(base_s, 0), "-", "1.00"])
-    for tasks, suffix in ((TASKS, ""), (1, ", 1 task")):
-        plain_s, cached_s = per_s[f"plain{suffix}"], per_s[f"cached{suffix}"]
-        over_base = "-"
-        if base_s and tasks == TASKS:
-            over_base = ratio(paired_ratio(plain_s, base_s))
-        rows.append(
-            [f"plain `FixedWindow`, {tasks} task(s)", with_spread(plain_s, 0), "1.00", over_base]
-        )
-        if base_s and tasks == TASKS:
-            over_base = ratio(paired_ratio(cached_s, base_s))
-        rows.append(
-            [
-                f"`FixedWindow(deny_cache=1000)`, {tasks} task(s)",
-                with_spread(cached_s, 0),
-                ratio(paired_ratio(cached_s, plain_s)),
-                over_base,
+        rows.append([label, h.with_spread(base_s, 0), "-", "-", "1.00"])
+    labels = {"plain": "plain `FixedWindow`", "cached": "`FixedWindow(deny_cache=1000)`"}
+    for tasks in (TASKS, 1):
+        for name, label in labels.items():
+            key = f"{name}|{tasks}"
+            row: list[object] = [
+                f"{label}, {tasks} task(s)",
+                reps.rate(key),
+                reps.speed(key, f"plain|{tasks}"),
+                reps.server(key, main=True),
             ]
-        )
+            if base_s:  # the baseline's column only when there is one
+                row.append(reps.speed(key, base_s) if tasks == TASKS else "-")
+            rows.append(row)
     return rows
 
 
-async def flood(url: str, prefix: str, cache: bool, rep: int) -> tuple[float, float]:
+async def flood(lab: h.Lab, cache: bool, rep: int) -> tuple[float, float]:
     """(denied script calls, admitted) per window of one flooded key."""
-    async with arl.Backend.from_url(url, prefix=prefix) as backend:
+    async with h.our_backend(lab.url, lab.prefix) as backend:
         limiter = arl.FixedWindow(
             f"{LIMIT}/500ms", backend=backend, deny_cache=100 if cache else None
         )
         key = f"flood-{rep}-{cache}"
         await warm_denial(limiter, key)
-        counting = Counting(backend)
+        counting = Counting()
         loop = asyncio.get_running_loop()
         end = loop.time() + WINDOWS * WINDOW
         admitted = 0
@@ -230,21 +203,22 @@ async def flood(url: str, prefix: str, cache: bool, rep: int) -> tuple[float, fl
                 admitted += allowed
                 await asyncio.sleep(0)
 
-        await asyncio.gather(*(task() for _ in range(TASKS)))
+        with h.intercept(backend, counting):
+            await asyncio.gather(*(task() for _ in range(TASKS)))
         return counting.denied / WINDOWS, admitted / WINDOWS
 
 
-async def flooding(url: str, prefix: str) -> list[list[object]]:
+async def flooding(lab: h.Lab) -> list[list[object]]:
     figures: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
-    for rep in range(REPS):
-        progress(f"flood, repetition {rep + 1}/{REPS}")
+    for rep in range(h.REPS):
+        h.progress(f"flood, repetition {rep + 1}/{h.REPS}")
         for cache in (rep % 2 == 0, rep % 2 == 1):  # alternate which goes first
-            figures[cache].append(await flood(url, prefix, cache, rep))
+            figures[cache].append(await flood(lab, cache, rep))
     rows: list[list[object]] = []
     for cache, label in ((False, "plain"), (True, "deny_cache=100")):
         denied = [d for d, _ in figures[cache]]
         admitted = [a for _, a in figures[cache]]
-        rows.append([label, with_spread(denied, 2), with_spread(admitted, 2)])
+        rows.append([label, h.with_spread(denied, 2), h.with_spread(admitted, 2)])
     return rows
 
 
@@ -272,56 +246,45 @@ async def breaker_open() -> list[list[object]]:
                 await limiter.hit(f"warm-{i}")
             assert breaker.state == "open", breaker
             p50s, p99s = [], []
-            for rep in range(REPS):
-                progress(f"breaker open {label}, repetition {rep + 1}/{REPS}")
+            for rep in range(h.REPS):
+                h.progress(f"breaker open {label}, repetition {rep + 1}/{h.REPS}")
                 times = []
                 for i in range(OPEN_N):
-                    start = perf()
+                    start = h.perf()
                     await limiter.hit(f"k{i % 100}")
-                    times.append(perf() - start)
+                    times.append(h.perf() - start)
                 times.sort()
                 p50s.append(times[len(times) // 2] * 1e6)
                 p99s.append(times[int(len(times) * 0.99)] * 1e6)
-            rows.append([label, with_spread(p50s), with_spread(p99s)])
+            rows.append([label, h.with_spread(p50s), h.with_spread(p99s)])
     return rows
 
 
-async def main() -> None:
-    url = redis_url()
-    prefix = bench_prefix()
-    client = aredis.Redis.from_url(url)
-    try:
-        server = await client.info("server")
-        print_header("Attack and outage benchmark", server, ["aioratelimit", "redis", "hiredis"])
-        rows = await throughput(url, prefix)
-        print_table(
-            "Denied decisions per second, one key (a script call per denial without the cache)",
-            ["limiter", "denied decisions/s", "÷ plain", "÷ baseline"],
-            rows,
-        )
-        rows = await flooding(url, prefix)
-        print_table(
-            f"A flood of {TASKS} tasks on one key of {LIMIT}/500ms, per 500 ms window",
-            ["limiter", "denied script calls per window", "admitted per window"],
-            rows,
-        )
-        rows = await breaker_open()
-        print_table(
-            "One decision with the breaker open (backend refusing connections), µs",
-            ["on_unavailable", "p50", "p99"],
-            rows,
-        )
-        print_notes(
-            "Figures are `median (min-max)` over the repetitions. The machine may be shared:"
-            " compare only the ratios measured side by side.",
-            f"The flood runs {WINDOWS} windows per repetition; the warm-up (the first denial"
-            " and the key's subscription) is outside the count.",
-        )
-        print_smoke_note()
-    finally:
-        await delete_prefix(client, prefix)
-        await client.aclose()
+async def main(lab: h.Lab) -> None:
+    rows = await throughput(lab)
+    h.print_table(
+        "Denied decisions per second, one key (a script call per denial without the cache)",
+        ["limiter", "denied decisions/s", "÷ plain", "server CPU µs/denial (process / main thread)",
+         *(["÷ baseline"] if len(rows[0]) > 4 else [])],
+        rows,
+    )  # fmt: skip
+    h.print_table(
+        f"A flood of {TASKS} tasks on one key of {LIMIT}/500ms, per 500 ms window",
+        ["limiter", "denied script calls per window", "admitted per window"],
+        await flooding(lab),
+    )
+    h.print_table(
+        "One decision with the breaker open (backend refusing connections), µs",
+        ["on_unavailable", "p50", "p99"],
+        await breaker_open(),
+    )
+    h.print_notes(
+        "Figures are `median (min-max)` over the repetitions; ratios are medians of"
+        " per-repetition ratios. Server CPU: `INFO CPU` deltas around each crowd, per denial.",
+        f"The flood runs {WINDOWS} windows per repetition; the warm-up (the first denial"
+        " and the key's subscription) is outside the count.",
+    )
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    h.run(main, "Under attack and under outage: the deny cache and the breaker")

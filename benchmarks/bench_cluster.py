@@ -1,59 +1,38 @@
-"""Redis Cluster against a standalone server, side by side: throughput with 64 tasks.
+"""Redis Cluster against a standalone server, side by side: what the routing costs.
 
-Run (the script starts nothing; both deployments are yours)::
+Run (it starts a redis-server and a cluster of three masters and three replicas on free
+loopback ports, and stops them at the end)::
 
-    REDIS_URL=redis://127.0.0.1:6391/0 \\
-    REDIS_CLUSTER_URL=redis+cluster://127.0.0.1:7000,127.0.0.1:7001 \\
-        .venv/bin/python benchmarks/bench_cluster.py
+    .venv/bin/python benchmarks/bench_cluster.py
 
-Without ``REDIS_CLUSTER_URL`` only the standalone rows are measured, and a note says so.
+Conditions, sequential (interleaved in blocks) and with 64 tasks (crowd by crowd), every
+hit admitted (each key gets ``HITS_PER_KEY`` hits under a limit of 100 per minute):
 
-Conditions, each 64 tasks awaiting ``FixedWindow.hit`` (every key gets ``HITS_PER_KEY`` hits
-under a limit of 100 per minute, so every hit is admitted), interleaved chunk by chunk:
+- standalone: ours, ``FixedWindow.hit`` on a default ``Backend.from_url`` of the server;
+- cluster: ours, the same on the cluster: each call goes straight to the master the slot
+  map names, on that master's one multiplexed connection;
+- cluster: the raw floor, the floor's EVALSHA through redis-py's ``RedisCluster`` (a
+  connection per task per master), the path redis-py users take;
+- ``redis-benchmark --cluster -c 50 -P 1`` of the floor's EVALSHA (its 50 connections
+  spread over the masters, each sending keys of its own master's slots);
+- wake-up publish (64 tasks): a script that publishes on a tagged channel, with
+  ``SPUBLISH`` (kept inside the shard, what the library uses on a cluster) against
+  ``PUBLISH`` (which Redis Cluster broadcasts to every node), through our cluster
+  backend; then, sequentially, the cluster-bus messages each one costs (``CLUSTER INFO``
+  publish counters of every node).
 
-- standalone: ``Backend.from_url(REDIS_URL, max_connections=64)``;
-- cluster: ``Backend.from_url(REDIS_CLUSTER_URL, max_connections=64)``: each call goes
-  straight to the master the slot map names;
-- cluster, redis-py routing: the same script by EVALSHA through ``RedisCluster`` itself (64
-  connections per node), the path redis-py users take and our store's fallback;
-- wake-up publish: a script that publishes on a tagged channel, with ``SPUBLISH`` (kept
-  inside the shard, what the library uses on a cluster) against ``PUBLISH`` (which Redis
-  Cluster broadcasts to every node), through our cluster backend; then, sequentially, the
-  cluster-bus messages each one costs (``CLUSTER INFO`` publish counters of every node).
-
-All the servers of a loopback deployment share this machine's cores, so the cluster rows
-show the cost of the routing, not the scaling a cluster gives across machines.
+The server's CPU is read around each block: of the server for the standalone rows, of all
+six nodes (replication included) for the cluster's. All the servers share this machine's
+cores with the client, so a cluster buys no capacity here: the rows show the cost of the
+routing, not the scaling a cluster gives across machines.
 """
 
 from __future__ import annotations
 
-import asyncio
-import os
 from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
-import redis.asyncio as aredis
-from _common import (
-    REPS,
-    Op,
-    bench_prefix,
-    column,
-    delete_cluster_prefix,
-    delete_prefix,
-    fan_out,
-    interleave,
-    paired_ratio,
-    print_header,
-    print_notes,
-    print_table,
-    progress,
-    ratio,
-    raw_cluster,
-    redis_url,
-    scaled,
-    with_spread,
-)
+import harness as h
 
 import aioratelimit as arl
 from aioratelimit._scripts import script
@@ -61,9 +40,15 @@ from aioratelimit._scripts import script
 LIMIT = 100
 RATE = f"{LIMIT}/minute"
 HITS_PER_KEY = 10
+SEQ_N = h.scaled(2000, 20)
+SEQ_BLOCK = min(100, SEQ_N)
 TASKS = 64
-PER_TASK = scaled(16, 2)  # one chunk = TASKS * PER_TASK operations
-CHUNKS = scaled(10, 2)  # chunks per condition per repetition
+PER_TASK = h.scaled(16, 2)  # one crowd = TASKS * PER_TASK operations
+CHUNKS = h.scaled(10, 2)  # crowds per condition per repetition
+#: Requests of a C client run on the cluster: ``--cluster`` first reads the slot map and
+#: starts a thread per master, about 0.13 s that 20,000 requests would count as a quarter.
+C_N = h.scaled(100_000, 200)
+BUS_N = h.scaled(2000, 50)  # publishes per command for the cluster-bus count
 
 _WAKE = """\
 -- KEYS[1] a key with the channel's hash tag (only routes the call); ARGV[1] the publish
@@ -74,13 +59,10 @@ WAKE = script("bench_wake", _WAKE)
 
 STANDALONE = "standalone: ours"
 CLUSTER = "cluster: ours"
-ROUTED = "cluster: redis-py RedisCluster routing"
+RAW = "cluster: raw redis.asyncio RedisCluster"
+C_CLIENT = "cluster: redis-benchmark --cluster -c 50 -P 1 (C)"
 SPUBLISH = "wake-up with SPUBLISH (shard-local)"
 PUBLISH = "wake-up with PUBLISH (broadcast)"
-
-
-def cluster_url() -> str | None:
-    return os.environ.get("REDIS_CLUSTER_URL") or None
 
 
 class Ops:
@@ -89,7 +71,7 @@ class Ops:
     def __init__(self) -> None:
         self.admitted: Counter[str] = Counter()
 
-    def ours(self, name: str, limiter: Any, tag: str, total: int) -> Op:
+    def ours(self, name: str, limiter: Any, tag: str, total: int) -> h.Op:
         keys, admitted, hit = max(1, total // HITS_PER_KEY), self.admitted, limiter.hit
 
         async def op(i: int) -> None:
@@ -98,19 +80,17 @@ class Ops:
 
         return op
 
-    def routed(self, name: str, client: Any, limiter: Any, head: str, total: int) -> Op:
-        """Our limiter's script and arguments, by EVALSHA through RedisCluster."""
-        keys, admitted = max(1, total // HITS_PER_KEY), self.admitted
-        sha, argv = limiter._script.sha, (1, 1, *limiter._args)
+    def raw(self, name: str, client: Any, sha: str, head: str, total: int) -> h.Op:
+        keys, admitted, evalsha = max(1, total // HITS_PER_KEY), self.admitted, client.evalsha
 
         async def op(i: int) -> None:
-            reply = await client.evalsha(sha, 1, f"{head}{{{i % keys}}}:{RATE}", *argv)
-            admitted[name] += reply[0]
+            reply = await evalsha(sha, 1, f"{head}{{{i % keys}}}", h.WINDOW_MS)
+            admitted[name] += reply[0] <= LIMIT
 
         return op
 
-    def wake(self, name: str, backend: arl.Backend, command: str, tag: str) -> Op:
-        admitted, run = self.admitted, backend.run
+    def wake(self, name: str, backend: arl.Backend, command: str, tag: str) -> h.Op:
+        admitted, run = self.admitted, h.run_script(backend)
 
         async def op(i: int) -> None:
             key = f"{tag}{{{i % 1024}}}"
@@ -120,149 +100,132 @@ class Ops:
         return op
 
 
-async def reps(url: str, cluster: str | None, prefix: str) -> list[dict[str, float]]:
-    """Every repetition's throughput (operations per second) of every condition."""
-    backends = {STANDALONE: arl.Backend.from_url(url, prefix=prefix, max_connections=TASKS)}
-    raw: Any = None
-    if cluster is not None:
-        backends[CLUSTER] = arl.Backend.from_url(cluster, prefix=prefix, max_connections=TASKS)
-        raw = raw_cluster(cluster, max_connections=TASKS)
+async def timed(lab: h.Lab, cluster: h.RedisCluster, meter: h.CpuMeter) -> h.Reps:
+    standalone = h.our_backend(lab.url, lab.prefix)
+    clustered = h.our_backend(cluster.url, lab.prefix)
+    raw = h.raw_cluster(cluster.url)
+    meters = {STANDALONE: lab.meter} | dict.fromkeys((CLUSTER, RAW, SPUBLISH, PUBLISH), meter)
     try:
-        limiters = {name: arl.FixedWindow(RATE, backend=b) for name, b in backends.items()}
-        if raw is not None:
-            await raw.initialize()
-            await raw.script_load(limiters[CLUSTER]._script.source)  # on every master
+        limiters = {STANDALONE: arl.FixedWindow(RATE, backend=standalone)}
+        limiters[CLUSTER] = arl.FixedWindow(RATE, backend=clustered)
+        await raw.initialize()
+        sha = await h.load_floor(raw)  # on every master
         ops = Ops()
 
-        def cases(tag: str, total: int) -> dict[str, Op]:
+        def cases(tag: str, total: int, wake: bool) -> dict[str, h.Op]:
             found = {n: ops.ours(n, lim, f"{tag}{n[:3]}:", total) for n, lim in limiters.items()}
-            if raw is not None:
-                head = f"{prefix}:routed:{tag}"
-                found[ROUTED] = ops.routed(ROUTED, raw, limiters[CLUSTER], head, total)
-                wake_tag = f"{prefix}:wake:{tag}"
-                found[SPUBLISH] = ops.wake(SPUBLISH, backends[CLUSTER], "SPUBLISH", wake_tag)
-                found[PUBLISH] = ops.wake(PUBLISH, backends[CLUSTER], "PUBLISH", wake_tag)
+            found[RAW] = ops.raw(RAW, raw, sha, f"{lab.prefix}:raw:{tag}", total)
+            if wake:
+                wake_tag = f"{lab.prefix}:wake:{tag}"
+                found[SPUBLISH] = ops.wake(SPUBLISH, clustered, "SPUBLISH", wake_tag)
+                found[PUBLISH] = ops.wake(PUBLISH, clustered, "PUBLISH", wake_tag)
             return found
 
-        # Warm-up: loads the scripts and opens the pooled connections of every client.
-        await interleave({k: fan_out(op, TASKS, 2) for k, op in cases("w", 10_000).items()}, 2, 1)
-        per_chunk = TASKS * PER_TASK
-        figures = []
-        for rep in range(REPS):
+        # Warm-up: loads the scripts and opens the connections of every client.
+        await h.crowds(cases("w", 10_000, True), TASKS, 2, 2)
+        floor = h.floor_command(sha, lab.prefix, cluster=True)
+        reps = h.Reps()
+        for rep in range(h.REPS):
             ops.admitted.clear()
-            chunks = {
-                k: fan_out(op, TASKS, PER_TASK)
-                for k, op in cases(f"c{rep}", CHUNKS * per_chunk).items()
+            got = {C_CLIENT: h.redis_benchmark(cluster.seed, floor, 50, 1, C_N, meter, True)}
+            seq = await h.interleave(cases(f"s{rep}", SEQ_N, False), SEQ_N, SEQ_BLOCK, rep, meters)
+            total = CHUNKS * TASKS * PER_TASK
+            c64 = await h.crowds(
+                cases(f"c{rep}", total, True), TASKS, PER_TASK, CHUNKS, rep, meters
+            )
+            wrong = {
+                k: v for k, v in ops.admitted.items() if v != total + (0 if "wake" in k else SEQ_N)
             }
-            spent = await interleave(chunks, CHUNKS, 1, rep)
-            expected = CHUNKS * per_chunk
-            wrong = {k: v for k, v in ops.admitted.items() if v != expected}
             if wrong:
-                raise SystemExit(f"not every hit was admitted ({expected} expected): {wrong}")
-            figures.append({k: per_chunk / v for k, v in spent.items()})
-            progress(f"rep {rep + 1}/{REPS} done")
-        return figures
+                raise SystemExit(f"not every hit was admitted: {wrong}")
+            reps.append(
+                {k: v for k, v in got.items() if v is not None}
+                | {f"{k}|seq": v for k, v in seq.items()}
+                | {f"{k}|c64": v for k, v in c64.items()}
+            )
+            h.progress(f"rep {rep + 1}/{h.REPS} done")
+        return reps
     finally:
-        for backend in backends.values():
-            await backend.aclose()
-        if raw is not None:
-            await raw.aclose()
+        await standalone.aclose()
+        await clustered.aclose()
+        await raw.aclose()
 
 
-BUS_N = scaled(2000, 50)  # publishes per command for the cluster-bus count
-
-
-async def bus_messages(url: str, prefix: str) -> dict[str, float]:
+async def bus_messages(lab: h.Lab, cluster: h.RedisCluster) -> dict[str, float]:
     """Cluster-bus messages sent (summed over every node) per publish of each command:
     what a wake-up costs the other nodes, which client throughput does not show."""
-    backend = arl.Backend.from_url(url, prefix=prefix)
-    rc = raw_cluster(url)
     fields = ("cluster_stats_messages_publish_sent", "cluster_stats_messages_publishshard_sent")
 
-    async def sent() -> int:
+    def sent() -> int:
         total = 0
-        for node in rc.get_nodes():
-            info = await rc.cluster_info(target_nodes=node)
+        for node in cluster.nodes:
+            with node.client() as client:
+                info = client.cluster("INFO")
             total += sum(int(info.get(f, 0)) for f in fields)
         return total
 
-    try:
-        await rc.initialize()
-        per: dict[str, float] = {}
+    per: dict[str, float] = {}
+    async with h.our_backend(cluster.url, lab.prefix) as backend:
+        run = h.run_script(backend)
         for name, command in ((SPUBLISH, "SPUBLISH"), (PUBLISH, "PUBLISH")):
-            before = await sent()
+            before = sent()
             for i in range(BUS_N):
-                key = f"{prefix}:bus{{{i % 1024}}}"
-                await backend.run(WAKE, [key], [command, f"{key}:wake"])
-            per[name] = (await sent() - before) / BUS_N
-        return per
-    finally:
-        await backend.aclose()
-        await rc.aclose()
+                key = f"{lab.prefix}:bus{{{i % 1024}}}"
+                await run(WAKE, [key], [command, f"{key}:wake"])
+            per[name] = (sent() - before) / BUS_N
+    return per
 
 
-def report(figures: Sequence[dict[str, float]], cluster: str | None, bus: dict[str, float]) -> None:
-    base = column(figures, STANDALONE)
+def report(reps: h.Reps, bus: dict[str, float]) -> None:
     rows = []
-    for name in (STANDALONE, CLUSTER, ROUTED):
-        if name in figures[0]:
-            xs = column(figures, name)
-            rows.append([name, with_spread(xs, 0), ratio(paired_ratio(xs, base))])
-    print_table(
-        f"FixedWindow.hit with 64 tasks, medians of {REPS} repetitions (min-max)",
-        ["condition", "hits/s", "÷ standalone"],
-        rows,
-    )
-    if cluster is None:
-        print_notes(
-            "**Cluster rows skipped**: set `REDIS_CLUSTER_URL` "
-            "(`redis+cluster://host:port,...`) to measure them."
+    for name in (STANDALONE, CLUSTER, RAW):
+        rows.append([
+            name,
+            reps.rate(f"{name}|seq"),
+            reps.rate(f"{name}|c64"),
+            reps.speed(f"{name}|c64", f"{STANDALONE}|c64"),
+            reps.speed(f"{name}|c64", f"{RAW}|c64") if name != STANDALONE else "-",
+            reps.speed(f"{name}|c64", C_CLIENT) if C_CLIENT in reps and name != STANDALONE else "-",
+            f"{reps.server(f'{name}|seq')} / {reps.server(f'{name}|c64')}",
+        ])  # fmt: skip
+    if C_CLIENT in reps:
+        rows.append(
+            [C_CLIENT, "-", reps.rate(C_CLIENT), "-", "-", "1.00", f"- / {reps.server(C_CLIENT)}"]
         )
-        return
-    spub, pub = column(figures, SPUBLISH), column(figures, PUBLISH)
-    print_table(
-        f"Wake-up publish on the cluster, 64 tasks, medians of {REPS} repetitions (min-max)",
-        ["command", "publishes/s", "÷ SPUBLISH", "cluster-bus messages per publish"],
+    h.print_table(
+        f"FixedWindow.hit, medians of {h.REPS} repetitions (min-max)",
+        ["condition", "sequential hits/s", "64 tasks hits/s", "64 tasks ÷ standalone",
+         "64 tasks ÷ raw RedisCluster", "64 tasks ÷ C --cluster",
+         "server CPU µs/hit (seq / 64 tasks)"],
+        rows,
+    )  # fmt: skip
+    spub = f"{SPUBLISH}|c64"
+    h.print_table(
+        f"Wake-up publish on the cluster, 64 tasks, medians of {h.REPS} repetitions (min-max)",
+        ["command", "publishes/s", "÷ SPUBLISH", "server CPU µs/publish",
+         "cluster-bus messages per publish"],
         [
-            [SPUBLISH, with_spread(spub, 0), "1.00", f"{bus[SPUBLISH]:.2f}"],
-            [PUBLISH, with_spread(pub, 0), ratio(paired_ratio(pub, spub)), f"{bus[PUBLISH]:.2f}"],
+            [name, reps.rate(f"{name}|c64"), reps.speed(f"{name}|c64", spub),
+             reps.server(f"{name}|c64"), f"{bus[name]:.2f}"]
+            for name in (SPUBLISH, PUBLISH)
         ],
+    )  # fmt: skip
+    h.print_notes(
+        f"Sequential: the conditions interleaved in blocks of {SEQ_BLOCK} ({SEQ_N} each);"
+        f" 64 tasks: one crowd of {TASKS} x {PER_TASK} per condition in turn, {CHUNKS} crowds"
+        f" each per repetition; redis-benchmark {C_N} requests a run, once per repetition."
+        " Ratios are medians of per-repetition ratios. Server CPU: `INFO CPU` deltas around"
+        " each block, per operation: the standalone server's, or the sum over the cluster's"
+        " six nodes.",
     )
 
 
-async def main() -> None:
-    url, cluster = redis_url(), cluster_url()
-    prefix = bench_prefix()
-    client = aredis.Redis.from_url(url)
-    try:
-        info = await client.info("server")
-        print_header("aioratelimit on Redis Cluster against standalone", info, ["redis"])
-        extra = []
-        if cluster is not None:
-            rc = raw_cluster(cluster)
-            try:
-                await rc.initialize()
-                extra = [
-                    ["cluster", f"{len(rc.get_primaries())} masters, "
-                                f"{len(rc.get_replicas())} replicas at {cluster}"],
-                ]  # fmt: skip
-            finally:
-                await rc.aclose()
-        if extra:
-            print_table("Cluster", ["item", "value"], extra)
-        bus: dict[str, float] = {}
-        try:
-            figures = await reps(url, cluster, prefix)
-            if cluster is not None:
-                bus = await bus_messages(cluster, prefix)
-        finally:
-            await delete_prefix(client, prefix)
-            if cluster is not None:
-                await asyncio.to_thread(delete_cluster_prefix, cluster, prefix)
-        report(figures, cluster, bus)
-    finally:
-        await client.aclose()
+async def main(lab: h.Lab) -> None:
+    assert lab.cluster is not None
+    assert lab.cluster_meter is not None
+    reps = await timed(lab, lab.cluster, lab.cluster_meter)
+    report(reps, await bus_messages(lab, lab.cluster))
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    h.run(main, "Redis Cluster against standalone", cluster=True)

@@ -1,157 +1,75 @@
-"""The transport, side by side in one run: the C client, the raw redis-py floor, and ours.
+"""The hot path: what one decision costs, against the raw redis-py floor and the C client.
 
-Run (the script starts no server; it writes keys only under a prefix unique to the run and
-deletes them before it exits)::
+Run (it starts its own redis-server on a free loopback port and stops it at the end)::
 
-    REDIS_URL=redis://127.0.0.1:6391/0 .venv/bin/python benchmarks/bench_transport.py
+    .venv/bin/python benchmarks/bench_transport.py
 
-What it measures, every condition in every repetition, interleaved:
+Every condition in every repetition, each decision admitted (the limit is far above the
+run), so this is the cost of a decision:
 
-- ``redis-benchmark`` (the C client, from redis-tools) ``-c 1 -P 1`` and ``-c 50 -P 1``
-  running the floor EVALSHA: one connection one command at a time, and 50 connections
-  without pipelining, the physical reference for "decisions a client can get";
+- ``redis-benchmark`` (the C client) ``-c 1 -P 1`` and ``-c 50 -P 1`` running the floor's
+  EVALSHA: one connection one command at a time, and 50 connections without pipelining;
 - the raw floor: ``redis.asyncio`` EVALSHA of the same minimal fixed-window script,
-  sequential and with 1, 2, 4 and 64 concurrent tasks;
-- ours: ``FixedWindow``, ``SlidingWindow`` and ``TokenBucket`` ``hit`` on one default
-  ``Backend.from_url``, sequential and with 1, 2, 4, 64, 256 and 1,024 tasks (FixedWindow;
-  the other two at 64); a lock's acquire + release, sequential (against one raw EVALSHA)
-  and 64 tasks on distinct names; ``consume_token`` at 64 tasks;
-- with ``REDIS_CLUSTER_URL`` set, the same on that cluster (a table of its own):
-  ``redis-benchmark --cluster -c 50 -P 1`` (its 50 connections spread over the masters,
-  each sending keys of its own master's slots), the raw floor through
-  ``redis.asyncio.RedisCluster`` (a connection per task per master), and ours on one
-  ``Backend.from_url`` of the cluster (one multiplexed connection per master);
+  sequential and with 1, 2, 4 and 64 concurrent tasks (a connection per task);
+- ours on one default ``Backend.from_url``: ``FixedWindow``, ``SlidingWindow`` and
+  ``TokenBucket`` ``hit``, sequential; ``FixedWindow`` with 1, 2, 4, 64 and 256 tasks, the
+  other two with 64; a lock's acquire + release, sequential and 64 tasks on distinct
+  names; ``consume_token`` with 64 tasks;
 - the server's limit for each script: ``redis-benchmark -c 50 -P 16`` (pipelined: the C
   client costs next to nothing, so the server runs flat out) sending the exact command a
   hit of each limiter sends (captured on its way out, the user's key made random), and the
-  floor EVALSHA. No client can get more decisions of a script than that from this server,
-  so its ratio to ``-c 50 -P 1`` of the floor is the most any client could reach against
-  the targets, and ours at 64 tasks is read against it too.
+  floor's. No client gets more decisions of that script out of this server.
 
-Every hit is admitted (the limit is far above the run), so this is the cost of a decision.
+Beside each figure: this process's CPU per decision (``time.process_time``: the event
+loop and the kernel's share of the socket calls included; for redis-benchmark, its own)
+and the server's (``INFO CPU`` deltas).
 """
 
 from __future__ import annotations
 
-import asyncio
-import math
-import os
-import re
-import shutil
-import subprocess
-import time
-import warnings
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
-from urllib.parse import urlsplit
+import resource
+from collections.abc import Sequence
 
-import redis.asyncio as aredis
-from _common import (
-    FLOOR_LUA,
-    REPS,
-    bench_prefix,
-    cluster_hosts,
-    column,
-    delete_cluster_prefix,
-    delete_prefix,
-    fan_out,
-    fmt,
-    interleave,
-    paired_ratio,
-    perf,
-    print_header,
-    print_notes,
-    print_table,
-    progress,
-    ratio,
-    raw_cluster,
-    redis_url,
-    run_main,
-    scaled,
-    with_spread,
-)
+import harness as h
 
 import aioratelimit as arl
 from aioratelimit._scripts import Arg, Reply, Script
 
-warnings.filterwarnings("ignore", category=DeprecationWarning)
-
 RATE = "1000000000/hour"  # every hit admitted
-SEQ_N = scaled(2000, 20)
-PER_TASK = scaled(16, 2)
-CHUNKS = scaled(8, 1)
-C_CLIENT_N = scaled(20000, 200)
-#: Requests of a C client run on the cluster: ``--cluster`` first reads the slot map and
-#: starts a thread per master, about 0.13 s that 20,000 requests would count as a quarter
-#: of the run (39,700/s where 100,000 requests give 49,700/s); at 100,000 it is a fifteenth.
-C_CLUSTER_N = scaled(100_000, 200)
+LIMITERS = ("FixedWindow", "SlidingWindow", "TokenBucket")
+SEQ_N = h.scaled(2000, 20)
+SEQ_BLOCK = min(100, SEQ_N)
+#: A few tasks run CHUNKS chunks of tasks x PER_TASK decisions...
+PER_TASK = h.scaled(16, 2)
+CHUNKS = h.scaled(8, 1)
+#: ...a crowd (64 tasks or more) one sustained run of this many decisions in all, as
+#: redis-benchmark runs its C_N requests over its 50 connections.
+C_N = h.scaled(20000, 200)
+SUSTAINED = C_N
 #: Requests of a run of the server's limit (-P 16: about a second at this server's pace).
-CEILING_N = scaled(150_000, 1_000)
-CEILING_PIPELINE = 16
+LIMIT_N = h.scaled(150_000, 1_000)
+LIMIT_PIPELINE = 16
 #: The user key of the captured hits, replaced by redis-benchmark's random number.
 MARK = "bench-user-key"
-#: A crowd of 64 or more runs this many decisions in all, in one go, as redis-benchmark
-#: runs its C_CLIENT_N requests over its 50 connections: a sustained rate, where chunks of
-#: 16 decisions per task counted each task's start and the pipeline's fill and drain
-#: eight times a repetition.
-SUSTAINED = C_CLIENT_N
 LOW = (1, 2, 4)
-CROWDS = (64, 256, 1024)
-#: What names the cluster's figures (``REDIS_CLUSTER_URL``): "cluster FixedWindow|64".
-CLUSTER = "cluster "
-
-Op = Callable[[int], Awaitable[object]]
 
 
-def floor_command(sha: str, prefix: str, cluster: bool = False) -> list[str]:
-    """The floor EVALSHA as redis-benchmark sends it, on a random key under ``prefix`` (on a
-    cluster with redis-benchmark's ``{tag}``, which it makes a hash tag of each node's)."""
-    return ["EVALSHA", sha, "1", f"{prefix}:{'{tag}:' if cluster else ''}c:__rand_int__", "60000"]
-
-
-def c_client(cases: Cases, connections: int) -> float | None:
-    """``redis-benchmark`` running the floor EVALSHA on ``cases``' deployment: requests per
-    second (None without it)."""
-    command = floor_command(cases.sha, cases.prefix, cases.cluster)
-    n = C_CLUSTER_N if cases.cluster else C_CLIENT_N
-    return redis_benchmark(cases.url, command, connections, 1, n, cases.cluster)
-
-
-def redis_benchmark(
-    url: str, command: list[str], connections: int, pipeline: int, n: int, cluster: bool = False
-) -> float | None:
-    """``redis-benchmark`` sending ``command`` (``__rand_int__`` in it made random each
-    time; ``cluster``: to the masters of the cluster whose first seed ``url`` names):
-    requests per second (None without redis-benchmark)."""
-    exe = shutil.which("redis-benchmark")
-    if exe is None:
-        return None
-    if cluster:
-        host, port = cluster_hosts(url)[0]
-    else:
-        parts = urlsplit(url)
-        host, port = parts.hostname or "127.0.0.1", parts.port or 6379
-    argv = [
-        exe, "-h", host, "-p", str(port), *(["--cluster"] if cluster else []),
-        "-c", str(connections), "-n", str(n), "-P", str(pipeline), "-r", "100000", "-q",
-        *command,
-    ]  # fmt: skip
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True).stdout
-    found = re.findall(r"([0-9.]+) requests per second", out)
-    if not found:
-        raise SystemExit(f"redis-benchmark printed no rate: {out[-500:]}")
-    return float(found[-1])
+def c_client(lab: h.Lab, command: list[str], connections: int, pipeline: int, n: int) -> h.Sample:
+    """``redis-benchmark`` on the run's server, its own CPU as the client's."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    sample = h.redis_benchmark(lab.redis, command, connections, pipeline, n, lab.meter)
+    if sample is None:
+        raise SystemExit("redis-benchmark not found (redis-tools): it is the reference here")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return h.Sample(sample.ops, sample.seconds, cpu, sample.server)
 
 
 class Cases:
     """Every operation the run times, by name."""
 
-    def __init__(
-        self, raw: Any, sha: str, backend: arl.Backend, prefix: str, url: str, cluster: bool
-    ) -> None:
-        self.raw, self.sha, self.backend, self.prefix = raw, sha, backend, prefix
-        #: the deployment: redis-benchmark's (a cluster's seeds, for ``--cluster``)
-        self.url, self.cluster = url, cluster
+    def __init__(self, lab: h.Lab, raw: object, sha: str, backend: arl.Backend) -> None:
+        self.lab, self.raw, self.sha, self.backend = lab, raw, sha, backend
         self.limiters = {
             "FixedWindow": arl.FixedWindow(RATE, backend=backend),
             "SlidingWindow": arl.SlidingWindow(RATE, backend=backend),
@@ -162,37 +80,25 @@ class Cases:
     async def sent(self, name: str) -> list[str]:
         """The EVALSHA a hit of limiter ``name`` sends, its user key made random for
         redis-benchmark (captured on its way to the store; the hit itself runs too)."""
-        backend = self.backend
-        inner = backend.run
         seen: list[list[str]] = []
 
-        async def run(script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
+        def capture(script: Script, keys: Sequence[str], args: Sequence[Arg], _: Reply) -> None:
             seen.append(["EVALSHA", script.sha, str(len(keys)), *keys, *map(str, args)])
-            return await inner(script, keys, args)
 
-        backend.run = run
-        try:
+        with h.intercept(self.backend, capture):
             await self.limiters[name].hit(MARK)
-        finally:
-            backend.run = inner
         (command,) = seen
         assert any(MARK in part for part in command), command
         return [part.replace(MARK, "__rand_int__") for part in command]
 
-    @property
-    def on(self) -> str:
-        """What the deployment's figures are named with: "" standalone, else ``CLUSTER``."""
-        return CLUSTER if self.cluster else ""
+    def floor(self, tag: str) -> h.Op:
+        return h.floor_op(self.raw, self.sha, f"{self.lab.prefix}:floor:{tag}:")
 
-    def floor(self, tag: str) -> Op:
-        evalsha, sha, key = self.raw.evalsha, self.sha, f"{self.prefix}:floor:{tag}:"
-        return lambda i: evalsha(sha, 1, f"{key}{i % 1000}", 60000)
+    def hit(self, name: str, tag: str) -> h.Op:
+        hit = self.limiters[name].hit
+        return lambda i: hit(f"{tag}:{i % 1000}")
 
-    def hit(self, name: str, tag: str) -> Op:
-        hit, key = self.limiters[name].hit, f"{tag}:"
-        return lambda i: hit(f"{key}{i % 1000}")
-
-    def lock(self, tag: str) -> Op:
+    def lock(self, tag: str) -> h.Op:
         backend = self.backend
 
         async def op(i: int) -> None:
@@ -204,7 +110,7 @@ class Cases:
     async def issue(self, i: int) -> None:
         self.tokens.append(await arl.issue_token(ttl=600, backend=self.backend))
 
-    def consume(self) -> Op:
+    def consume(self) -> h.Op:
         consume, tokens, backend = arl.consume_token, self.tokens, self.backend
 
         async def op(i: int) -> None:
@@ -214,99 +120,64 @@ class Cases:
 
 
 def shape(tasks: int) -> tuple[int, int]:
-    """(chunks, decisions per task) of a condition with ``tasks`` concurrent tasks: a few
-    tasks run CHUNKS short chunks; a crowd one chunk of about SUSTAINED decisions."""
+    """(chunks, decisions per task) of a condition with ``tasks`` concurrent tasks."""
     if tasks < 64:
         return CHUNKS, PER_TASK
     return 1, max(PER_TASK, SUSTAINED // tasks)
 
 
-async def rate(op: Op, tasks: int) -> tuple[float, float]:
-    """Operations per second of ``op`` from ``tasks`` concurrent tasks (``shape``), and the
-    CPU this whole process spent per operation (µs, user and system: the event loop and
-    the kernel's share of the socket calls included)."""
-    chunks, per_task = shape(tasks)
-    chunk = fan_out(op, tasks, per_task)
-    start, cpu = perf(), time.process_time()
-    for c in range(chunks):
-        await chunk(c)
-    n = chunks * tasks * per_task
-    return n / (perf() - start), (time.process_time() - cpu) * 1e6 / n
-
-
-def crowds(cases: Cases, rep: int) -> list[tuple[str, Op, int]]:
-    """The conditions with tasks on ``cases``' deployment (names prefixed by ``cases.on``)."""
-    on = cases.on
+def crowds(cases: Cases, rep: int) -> list[tuple[str, h.Op, int]]:
+    """The conditions with tasks: (name, operation, tasks)."""
     return [
-        *((f"{on}raw|{n}", cases.floor(f"{on}c{rep}{n}"), n) for n in (*LOW, 64)),
-        *(
-            (f"{on}FixedWindow|{n}", cases.hit("FixedWindow", f"{on}c{rep}{n}"), n)
-            for n in (*LOW, *CROWDS)
-        ),
-        (f"{on}SlidingWindow|64", cases.hit("SlidingWindow", f"{on}c{rep}"), 64),
-        (f"{on}TokenBucket|64", cases.hit("TokenBucket", f"{on}c{rep}"), 64),
-        (f"{on}lock|64", cases.lock(f"{on}cl{rep}"), 64),
-        (f"{on}consume_token|64", cases.consume(), 64),
+        *((f"raw|{n}", cases.floor(f"c{rep}{n}"), n) for n in (*LOW, 64)),
+        *((f"FixedWindow|{n}", cases.hit("FixedWindow", f"c{rep}{n}"), n) for n in (*LOW, 64, 256)),
+        ("SlidingWindow|64", cases.hit("SlidingWindow", f"c{rep}"), 64),
+        ("TokenBucket|64", cases.hit("TokenBucket", f"c{rep}"), 64),
+        ("lock|64", cases.lock(f"cl{rep}"), 64),
+        ("consume_token|64", cases.consume(), 64),
     ]
 
 
-async def sequential(cases: Cases, rep: int) -> dict[str, float]:
-    """The sequential conditions on ``cases``' deployment, interleaved: calls per second."""
-    on = cases.on
-    seq = await interleave(
-        {
-            "raw": cases.floor(f"{on}s{rep}"),
-            **{name: cases.hit(name, f"{on}s{rep}{name}") for name in cases.limiters},
-            "lock": cases.lock(f"{on}sl{rep}"),
-        },
-        SEQ_N,
-        100,
-        rotate=rep,
-    )
-    return {f"{on}{name}|seq": 1 / s for name, s in seq.items()}
-
-
-async def repetition(
-    cases: Cases, rep: int, cluster: Cases | None, commands: dict[str, list[str]]
-) -> dict[str, float]:
-    figures: dict[str, float] = {}
-    for connections in (1, 50):
-        rps = c_client(cases, connections)
-        if rps is not None:
-            figures[f"C -c {connections}"] = rps
+async def repetition(cases: Cases, rep: int, commands: dict[str, list[str]]) -> dict[str, h.Sample]:
+    lab = cases.lab
+    floor = h.floor_command(cases.sha, lab.prefix)
+    got = {f"C -c {n}": c_client(lab, floor, n, 1, C_N) for n in (1, 50)}
     for name, command in commands.items():
-        rps = redis_benchmark(cases.url, command, 50, CEILING_PIPELINE, CEILING_N)
-        if rps is not None:
-            figures[f"limit|{name}"] = rps
-    conditions: list[tuple[Cases, str, Op, int]] = []
-    for where in [cases] + ([cluster] if cluster is not None else []):
-        if where.cluster:
-            rps = c_client(where, 50)
-            if rps is not None:
-                figures[f"{where.on}C -c 50"] = rps
-        figures.update(await sequential(where, rep))
-        conditions += [(where, *crowd) for crowd in crowds(where, rep)]
-        where.tokens.clear()
-        await fan_out(where.issue, 64, math.prod(shape(64)))(0)
-    # The crowds, each condition in turn, in a rotating order.
+        got[f"limit|{name}"] = c_client(lab, command, 50, LIMIT_PIPELINE, LIMIT_N)
+    sequential = {
+        "raw": cases.floor(f"s{rep}"),
+        **{name: cases.hit(name, f"s{rep}{name}") for name in LIMITERS},
+        "lock": cases.lock(f"sl{rep}"),
+    }
+    seq = await h.interleave(sequential, SEQ_N, SEQ_BLOCK, rep, lab.meter)
+    got |= {f"{name}|seq": sample for name, sample in seq.items()}
+    cases.tokens.clear()
+    await h.fan_out(cases.issue, 64, SUSTAINED // 64 + 1)(0)  # untimed: consume_token's
+    conditions = crowds(cases, rep)
     first = rep % len(conditions)
-    for where, name, op, tasks in conditions[first:] + conditions[:first]:
-        # The C client again right before each crowd, on the crowd's deployment: its ratio
-        # pairs two runs seconds apart (this machine's speed drifts by up to 2x in a minute).
-        rps = c_client(where, 50)
-        if rps is not None:
-            figures[f"C -c 50|{name}"] = rps
-        figures[name], figures[f"cpu|{name}"] = await rate(op, tasks)
-    return figures
+    for name, op, tasks in conditions[first:] + conditions[:first]:
+        # The C client right before each crowd: its ratio pairs two runs seconds apart
+        # (this machine's speed drifts by up to 2x within a minute).
+        got[f"C -c 50|{name}"] = c_client(lab, floor, 50, 1, C_N)
+        chunks, per_task = shape(tasks)
+        got |= await h.crowds({name: op}, tasks, per_task, chunks, meter=lab.meter)
+    return got
 
 
-def report(reps: list[dict[str, float]], has_c: bool, has_cluster: bool) -> None:
-    def col(key: str) -> list[float]:
-        return column(reps, key)
+def report(reps: h.Reps) -> None:
+    rows: list[list[str]] = []
 
-    c1 = col("C -c 1") if has_c else []
-    c50 = col("C -c 50") if has_c else []
+    def row(label: str, key: str, c: str | None, raw: str | None) -> None:
+        rows.append([
+            label,
+            reps.rate(key),
+            reps.speed(key, raw) if raw else "-",
+            reps.speed(key, c) if c else "-",
+            reps.client(key),
+            reps.server(key, main=True),
+        ])  # fmt: skip
 
+<<<<<<< HEAD
     def c50_of(key: str) -> list[float]:
         """The C client -c 50 run right before ``key``'s crowd (else the repetition's)."""
         return col(f"C -c 50|{key}") if f"C -c 50|{key}" in reps[0] else c50
@@ -389,97 +260,85 @@ def report(reps: list[dict[str, float]], has_c: bool, has_cluster: bool) -> None
         [[t, g, fmt(m, 3), "yes" if m >= bound else "**no**"] for t, g, m, bound in targets]
         + [["lock acquire+release ÷ one raw EVALSHA (time)", "≤ 2.1", fmt(lock_cost, 3),
             "yes" if lock_cost <= 2.1 else "**no**"]],
+=======
+    row("redis-benchmark -c 1 -P 1 (C)", "C -c 1", None, None)
+    row("redis-benchmark -c 50 -P 1 (C)", "C -c 50", None, None)
+    row("raw redis.asyncio EVALSHA, sequential", "raw|seq", "C -c 1", "raw|seq")
+    for name in LIMITERS:
+        row(f"ours {name}, sequential", f"{name}|seq", "C -c 1", "raw|seq")
+    row("ours lock acquire + release, sequential", "lock|seq", "C -c 1", "raw|seq")
+    for n in (*LOW, 64):
+        c = "C -c 1" if n == 1 else None
+        row(f"raw redis.asyncio, {n} tasks", f"raw|{n}", c or f"C -c 50|raw|{n}", f"raw|{n}")
+        c = c or f"C -c 50|FixedWindow|{n}"
+        row(f"ours FixedWindow, {n} tasks", f"FixedWindow|{n}", c, f"raw|{n}")
+    row("ours FixedWindow, 256 tasks", "FixedWindow|256", "C -c 50|FixedWindow|256", None)
+    for key, label in (
+        ("SlidingWindow|64", "ours SlidingWindow, 64 tasks"),
+        ("TokenBucket|64", "ours TokenBucket, 64 tasks"),
+        ("lock|64", "ours lock acquire + release, 64 tasks (distinct names)"),
+        ("consume_token|64", "ours consume_token, 64 tasks"),
+    ):
+        row(label, key, f"C -c 50|{key}", "raw|64")
+    h.print_table(
+        f"A decision: decisions/s, medians of {h.REPS} repetitions (min-max)",
+        ["condition", "decisions/s", "÷ raw (same tasks)", "÷ C", "client CPU µs",
+         "server CPU µs (process / main thread)"],
+        rows,
+>>>>>>> bench
     )  # fmt: skip
-    if has_c:
-        limits = []
-        for name in ("floor", "FixedWindow", "SlidingWindow", "TokenBucket"):
-            xs = col(f"limit|{name}")
-            ours = cpu = one_core = "-"
-            if name != "floor":
-                ours = ratio(paired_ratio(col(f"{name}|64"), xs))
-                cpus = col(f"cpu|{name}|64")
-                cpu = with_spread(cpus, 1)
-                # The decisions/s our client could give if it had a core to itself, read
-                # against the C client run before the crowd.
-                one_core = ratio(paired_ratio([1e6 / c for c in cpus], c50_of(f"{name}|64")))
-            limits.append([
-                "the floor EVALSHA" if name == "floor" else f"{name}.hit's EVALSHA",
-                with_spread([1e6 / x for x in xs], 2),
-                with_spread(xs, 0),
-                ratio(paired_ratio(xs, c50)),
-                ours,
-                cpu,
-                one_core,
-            ])  # fmt: skip
-        print_table(
-            f"The server's limit per script: redis-benchmark -c 50 -P {CEILING_PIPELINE}"
-            " sending the exact command; our client's CPU at 64 tasks",
-            ["script", "µs/call at the limit", "calls/s", "÷ C -c 50 (the most any client gets)",
-             "ours 64 tasks ÷ limit", "our client's CPU µs/decision",
-             "1 core of it ÷ C -c 50"],
-            limits,
-        )  # fmt: skip
-    print_notes(
-        "Method. Each repetition runs every condition: redis-benchmark first (it runs alone:"
-        f" {C_CLIENT_N} requests per run, {C_CLUSTER_N} on the cluster; the server's limits"
-        f" {CEILING_N} each), then the"
-        f" sequential conditions interleaved in blocks of 100 ({SEQ_N} each), then each"
-        f" condition with tasks in turn (1 to 4 tasks: {CHUNKS} chunks of tasks x"
-        f" {PER_TASK} decisions; 64 tasks and more: {SUSTAINED} decisions in all, in one go,"
-        " as redis-benchmark runs its requests), in an order rotating every repetition, each"
-        " right after a run of redis-benchmark -c 50 that its ÷ C -c 50 ratio is paired"
-        " with. Figures are medians over the repetitions; each ratio is the median of"
-        " per-repetition ratios.",
-        "Ours is one default `Backend.from_url(url)`: one multiplexed connection (plus one for"
-        " wake-ups). The raw floor is `redis.asyncio.Redis.from_url(url, max_connections=1024)`:"
-        " a connection per concurrent task.",
+
+    limits = []
+    for name in ("floor", *LIMITERS):
+        key = f"limit|{name}"
+        limits.append([
+            "the floor's EVALSHA" if name == "floor" else f"{name}.hit's EVALSHA",
+            reps.rate(key),
+            reps.server(key, main=True),
+            reps.speed(key, "C -c 50"),
+            "-" if name == "floor" else reps.speed(f"{name}|64", key),
+        ])  # fmt: skip
+    h.print_table(
+        f"The server's limit per script: redis-benchmark -c 50 -P {LIMIT_PIPELINE} sending"
+        " the exact command",
+        ["script", "calls/s", "server CPU µs (process / main thread)",
+         "÷ C -c 50 (the most any client gets)", "ours, 64 tasks ÷ limit"],
+        limits,
+    )  # fmt: skip
+    h.print_notes(
+        "÷ raw: the speed over the raw floor with as many tasks. ÷ C: over redis-benchmark"
+        " with one connection for one caller (sequential, 1 task), else over its -c 50 run"
+        " made right before the crowd. Figures are medians over the repetitions; each ratio"
+        " is the median of per-repetition ratios. CPU: µs per decision, medians; the"
+        " client's is this process's (for redis-benchmark its own), the server's from"
+        " `INFO CPU` deltas around each block.",
+        f"Each repetition: redis-benchmark runs ({C_N} requests; the server's limits"
+        f" {LIMIT_N} each), the sequential conditions interleaved in blocks of {SEQ_BLOCK}"
+        f" ({SEQ_N} each), then each condition with tasks in turn, in an order rotating"
+        f" every repetition: 1 to 4 tasks as {CHUNKS} chunks of tasks x {PER_TASK}"
+        f" decisions, 64 tasks and more as one run of {SUSTAINED} decisions in all.",
+        "Ours is one default `Backend.from_url(url)`: one multiplexed connection (plus one"
+        " for wake-ups). The raw floor is `redis.asyncio.Redis.from_url(url,"
+        " max_connections=1024)`: a connection per concurrent task.",
     )
-    if not has_c:
-        print_notes("redis-benchmark was not found: the C client's rows are missing.")
 
 
-async def main() -> None:
-    url = redis_url()
-    prefix = bench_prefix()
-    raw = aredis.Redis.from_url(url, max_connections=1024)
-    backend = arl.Backend.from_url(url, prefix=prefix)
-    cluster_url = os.environ.get("REDIS_CLUSTER_URL")
-    cluster_raw = raw_cluster(cluster_url, max_connections=1024) if cluster_url else None
-    cluster_backend = arl.Backend.from_url(cluster_url, prefix=prefix) if cluster_url else None
+async def main(lab: h.Lab) -> None:
+    raw = h.raw_client(lab.url)
+    backend = h.our_backend(lab.url, lab.prefix)
     try:
-        server = await raw.info("server")
-        sha = await raw.script_load(FLOOR_LUA)
-        print_header(
-            "Transport: the C client, the raw floor and ours, side by side",
-            server,
-            ["aioratelimit", "redis", "hiredis"],
-            [("event loop", type(asyncio.get_running_loop()).__module__)],
-        )
-        cases = Cases(raw, sha, backend, prefix, url, cluster=False)
-        cluster = None
-        if cluster_url is not None and cluster_raw is not None and cluster_backend is not None:
-            await cluster_raw.initialize()
-            await cluster_raw.script_load(FLOOR_LUA)  # on every master
-            cluster = Cases(cluster_raw, sha, cluster_backend, prefix, cluster_url, cluster=True)
-        commands = {"floor": floor_command(sha, prefix)}
-        commands |= {name: await cases.sent(name) for name in cases.limiters}
-        reps = []
-        for rep in range(REPS):
-            reps.append(await repetition(cases, rep, cluster, commands))
-            progress(f"rep {rep + 1}/{REPS} done")
-        report(reps, "C -c 1" in reps[0], cluster is not None)
+        cases = Cases(lab, raw, await h.load_floor(raw), backend)
+        commands = {"floor": h.floor_command(cases.sha, lab.prefix)}
+        commands |= {name: await cases.sent(name) for name in LIMITERS}
+        reps = h.Reps()
+        for rep in range(h.REPS):
+            reps.append(await repetition(cases, rep, commands))
+            h.progress(f"rep {rep + 1}/{h.REPS} done")
+        report(reps)
     finally:
-        deleted = await delete_prefix(raw, prefix)
-        if cluster_url is not None:
-            deleted += await asyncio.to_thread(delete_cluster_prefix, cluster_url, prefix)
-        progress(f"deleted {deleted} keys under {prefix}:*")
         await backend.aclose()
-        if cluster_backend is not None:
-            await cluster_backend.aclose()
-        if cluster_raw is not None:
-            await cluster_raw.aclose()
         await raw.aclose()
 
 
 if __name__ == "__main__":
-    run_main(main)
+    h.run(main, "The hot path: the C client, the raw floor and ours, side by side")

@@ -1,9 +1,8 @@
 """Waiting that scales: script calls per admitted request and fairness across processes.
 
-Run (the script starts no server; it writes keys only under a prefix unique to the run and
-deletes them at the end)::
+Run (it starts its own redis-server on a free loopback port and stops it at the end)::
 
-    REDIS_URL=redis://127.0.0.1:6391/0 .venv/bin/python benchmarks/bench_waiting.py
+    .venv/bin/python benchmarks/bench_waiting.py
 
 Three processes share one key of ``20/second`` whose limit was just used up, and each
 sends ``PER_PROCESS`` requests at once with ``acquire(key, wait=True)`` (the throttled
@@ -22,40 +21,28 @@ seconds after the common start) and the ratio of the latest to the earliest fini
 (fair: within 2), and whether each process admitted its requests in the order they
 asked (FIFO). Medians over the repetitions; each process starts on a common wall-clock
 instant so interpreter start-up is not measured.
+
+``bench_waiting.py --worker URL PREFIX KIND WAITER N START`` is one of those processes
+(the test suite runs them too, against its own server).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
 import time
 from typing import Any
 
-import redis.asyncio as aredis
-from _common import (
-    REPS,
-    bench_prefix,
-    delete_prefix,
-    fmt,
-    median,
-    print_header,
-    print_notes,
-    print_smoke_note,
-    print_table,
-    progress,
-    redis_url,
-    scaled,
-)
+import harness as h
 
 import aioratelimit as arl
 from aioratelimit._limits.waiting import TIMER_SLACK
 
 PROCESSES = 3
-PER_PROCESS = scaled(20, 2)
+PER_PROCESS = h.scaled(20, 2)
 RATE = "20/second"
 LIMITERS = ("sliding", "token")
 WAITERS = ("retry", "ours")
@@ -146,74 +133,47 @@ def run_once(url: str, prefix: str, kind: str, waiter: str) -> dict[str, Any]:
     }
 
 
-async def main() -> None:
-    url = redis_url()
-    prefix = bench_prefix()
-    client = aredis.Redis.from_url(url)
-    try:
-        server = await client.info("server")
-        print_header(
-            "Waiting benchmark",
-            server,
-            ["aioratelimit", "redis", "hiredis"],
-            extra=[("processes", str(PROCESSES)), ("requests per process", str(PER_PROCESS))],
-        )
-        reps: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for rep in range(REPS):
-            for kind in LIMITERS:
-                # Alternate which waiter goes first from one repetition to the next.
-                for waiter in WAITERS if rep % 2 == 0 else WAITERS[::-1]:
-                    progress(f"rep {rep + 1}/{REPS}: {kind} {waiter}")
-                    run_prefix = f"{prefix}:{rep}:{kind}:{waiter}"
-                    figures = await asyncio.to_thread(run_once, url, run_prefix, kind, waiter)
-                    reps.setdefault((kind, waiter), []).append(figures)
-        rows = []
+async def main(lab: h.Lab) -> None:
+    reps: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for rep in range(h.REPS):
         for kind in LIMITERS:
-            for waiter in WAITERS:
-                runs = reps[kind, waiter]
-                rows.append(
-                    [
-                        "SlidingWindow" if kind == "sliding" else "TokenBucket(burst=1)",
-                        waiter,
-                        fmt(median([r["calls"] for r in runs]), 2),
-                        fmt(max(r["calls"] for r in runs), 2),
-                        fmt(median([r["spread"] for r in runs]), 2),
-                        f"{fmt(median([r['ratio'] for r in runs]), 2)}"
-                        f" ({fmt(max(r['ratio'] for r in runs), 2)})",
-                        fmt(median([r["last"] for r in runs]), 2),
-                        "yes" if all(r["fifo"] for r in runs) else "no",
-                    ]
-                )
-        print_table(
-            f"{PROCESSES} processes x {PER_PROCESS} requests on one key of {RATE}",
-            [
-                "limiter",
-                "waiter",
-                "calls / admitted",
-                "worst rep",
-                "finish spread (s)",
-                "latest / earliest finish (worst rep)",
-                "all done (s)",
-                "FIFO in each process",
-            ],
-            rows,
+            # Alternate which waiter goes first from one repetition to the next.
+            for waiter in WAITERS if rep % 2 == 0 else WAITERS[::-1]:
+                h.progress(f"rep {rep + 1}/{h.REPS}: {kind} {waiter}")
+                run_prefix = f"{lab.prefix}:{rep}:{kind}:{waiter}"
+                figures = await asyncio.to_thread(run_once, lab.url, run_prefix, kind, waiter)
+                reps.setdefault((kind, waiter), []).append(figures)
+    rows = []
+    for kind in LIMITERS:
+        for waiter in WAITERS:
+            runs = reps[kind, waiter]
+            rows.append([
+                "SlidingWindow" if kind == "sliding" else "TokenBucket(burst=1)",
+                waiter,
+                h.fmt(h.median(r["calls"] for r in runs), 2),
+                h.fmt(max(r["calls"] for r in runs), 2),
+                h.fmt(h.median(r["spread"] for r in runs), 2),
+                f"{h.fmt(h.median(r['ratio'] for r in runs), 2)}"
+                f" ({h.fmt(max(r['ratio'] for r in runs), 2)})",
+                h.fmt(h.median(r["last"] for r in runs), 2),
+                "yes" if all(r["fifo"] for r in runs) else "no",
+            ])  # fmt: skip
+    h.print_table(
+        f"{PROCESSES} processes x {PER_PROCESS} requests on one key of {RATE}",
+        ["limiter", "waiter", "calls / admitted", "worst rep", "finish spread (s)",
+         "latest / earliest finish (worst rep)", "all done (s)", "FIFO in each process"],
+        rows,
+    )  # fmt: skip
+    h.print_notes(
+        "calls / admitted: script calls of all three processes (their `on_call` hooks)"
+        " divided by the requests admitted. Finish: each process's last admission, seconds"
+        " after the common start; the spread is the latest less the earliest.",
+        f"Medians over {h.REPS} repetitions; stdev of ours' calls/admitted: "
+        + ", ".join(
+            f"{k} {statistics.pstdev([r['calls'] for r in reps[k, 'ours']]):.2f}" for k in LIMITERS
         )
-        print_notes(
-            "calls / admitted: script calls of all three processes (their `on_call` hooks) "
-            "divided by the requests admitted. Finish: each process's last admission, "
-            "seconds after the common start; the spread is the latest less the earliest.",
-            f"Medians over {REPS} repetitions; "
-            f"stdev of ours' calls/admitted: "
-            + ", ".join(
-                f"{k} {statistics.pstdev([r['calls'] for r in reps[k, 'ours']]):.2f}"
-                for k in LIMITERS
-            )
-            + ".",
-        )
-        print_smoke_note()
-    finally:
-        await delete_prefix(client, prefix)
-        await client.aclose()
+        + ".",
+    )
 
 
 if __name__ == "__main__":
@@ -221,5 +181,8 @@ if __name__ == "__main__":
         url, prefix, kind, waiter, n, start = sys.argv[2:8]
         asyncio.run(worker(url, prefix, kind, waiter, int(n), float(start)))
     else:
-        os.environ.setdefault("PYTHONUNBUFFERED", "1")
-        asyncio.run(main())
+        h.run(
+            main,
+            "Waiting: script calls per admitted request, and fairness across processes",
+            extra=[("processes", str(PROCESSES)), ("requests per process", str(PER_PROCESS))],
+        )

@@ -1,21 +1,20 @@
-"""Our client's CPU per decision: ``tasks`` concurrent tasks hitting one limiter.
+"""The CPU one decision costs, the client's and the server's: ``tasks`` concurrent tasks
+hitting one limiter.
 
-Run against a server of your own (it writes keys under a prefix unique to the run and
-deletes them before it exits)::
+Run (it starts its own redis-server on a free loopback port and stops it at the end)::
 
-    REDIS_URL=redis://127.0.0.1:6398/0 .venv/bin/python benchmarks/profile_hit.py \
-        --tasks 64 --decisions 40000 [--limiter fw|sw|tb] [--profile 30]
+    .venv/bin/python benchmarks/profile_hit.py --tasks 64 --decisions 40000 \
+        [--limiter fw|sw|tb] [--profile 30]
 
-(``LOOP=uvloop`` in front runs it on uvloop, as the other benchmarks; ``--url`` may name the
-server instead of ``REDIS_URL``.)
+(``LOOP=uvloop`` in front runs it on uvloop, as the other benchmarks.)
 
-It prints one line per run: the process's CPU per decision (``time.process_time``: user
-and system, the event loop and the kernel's share of the socket calls included) and
-decisions per second. ``--profile N`` runs the measured part under cProfile and prints its
-top ``N`` functions by own time (cProfile inflates every Python call, so read its shares,
-not its totals; ``perf record -g`` on the process sees C frames too). For an A/B of two
-trees, alternate runs of this script in each tree's venv, one process per run: this VM's
-speed drifts within a minute, so only interleaved figures compare.
+It prints one line per run: this process's CPU per decision (``time.process_time``: user
+and system, the event loop and the kernel's share of the socket calls included), the
+server's (``INFO CPU``) and decisions per second. ``--profile N`` runs the measured part
+under cProfile and prints its top ``N`` functions by own time (cProfile inflates every
+Python call, so read its shares, not its totals; ``perf record -g`` on the process sees C
+frames too). For an A/B of two trees, alternate runs of this script in each tree's venv,
+one process per run: only interleaved figures compare on a machine whose speed drifts.
 """
 
 from __future__ import annotations
@@ -28,8 +27,7 @@ import sys
 import time
 from collections.abc import Callable
 
-import redis.asyncio as aredis
-from _common import bench_prefix, delete_prefix, fan_out, redis_url, run_main
+import harness as h
 
 import aioratelimit as arl
 
@@ -42,17 +40,17 @@ LIMITERS: dict[str, Callable[[arl.Backend], arl.Limiter]] = {
 
 async def crowd(limiter: arl.Limiter, tag: str, tasks: int, decisions: int) -> None:
     """``decisions`` hits in all from ``tasks`` tasks, on 1,000 user keys."""
-    await fan_out(lambda i: limiter.hit(f"{tag}:{i % 1000}"), tasks, decisions // tasks)(0)
+    await h.fan_out(lambda i: limiter.hit(f"{tag}:{i % 1000}"), tasks, decisions // tasks)(0)
 
 
-async def main(args: argparse.Namespace) -> None:
-    prefix = bench_prefix()
-    backend = arl.Backend.from_url(args.url, prefix=prefix)
+async def main(lab: h.Lab, args: argparse.Namespace) -> None:
+    backend = h.our_backend(lab.url, lab.prefix)
     limiter = LIMITERS[args.limiter](backend)
     try:
         await crowd(limiter, "warm", args.tasks, max(args.tasks * 20, args.decisions // 10))
         profiler = cProfile.Profile() if args.profile else None
         n = args.decisions // args.tasks * args.tasks
+        server = lab.meter.read()
         start, cpu, times = time.perf_counter(), time.process_time(), os.times()
         if profiler is not None:
             profiler.enable()
@@ -61,34 +59,30 @@ async def main(args: argparse.Namespace) -> None:
             profiler.disable()
         elapsed, used = time.perf_counter() - start, time.process_time() - cpu
         user, system = (b - a for a, b in zip(times[:2], os.times()[:2], strict=True))
+        server_us = lab.meter.since(server).total * 1e6 / n
         print(
             f"{args.limiter} tasks={args.tasks} decisions={n} cpu_us={used * 1e6 / n:.3f}"
-            f" per_s={n / elapsed:.0f} user_us={user * 1e6 / n:.2f} sys_us={system * 1e6 / n:.2f}",
+            f" per_s={n / elapsed:.0f} user_us={user * 1e6 / n:.2f} sys_us={system * 1e6 / n:.2f}"
+            f" server_us={server_us:.2f}",
             flush=True,
         )
         if profiler is not None:
-            pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(
-                args.profile
-            )
+            stats = pstats.Stats(profiler, stream=sys.stdout)
+            stats.sort_stats("tottime").print_stats(args.profile)
     finally:
         await backend.aclose()
-        client = aredis.Redis.from_url(args.url)
-        await delete_prefix(client, prefix)
-        await client.aclose()
 
 
 def parse() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--tasks", type=int, default=64)
     parser.add_argument("--decisions", type=int, default=40_000)
     parser.add_argument("--limiter", choices=sorted(LIMITERS), default="fw")
     parser.add_argument("--profile", type=int, default=0, metavar="N")
-    args = parser.parse_args()
-    args.url = args.url or redis_url()  # (a benchmark never guesses a server)
-    return args
+    return parser.parse_args()
 
 
 if __name__ == "__main__":
     arguments = parse()
-    run_main(lambda: main(arguments))
+    with h.started() as lab:
+        h.run_loop(main(lab, arguments))
