@@ -204,44 +204,8 @@ def report(reps: h.Reps, trips: dict[str, tuple[float, float]]) -> None:
     )
 
 
-<<<<<<< HEAD
-    rows = []
-    for name in TARGETS:
-        rows.append(target(f"{name} sequential speed ÷ raw",
-                           paired_ratio(raw_seq, column(figs, f"{name}|seq"))))  # fmt: skip
-        rows.append(target(f"{name} 64-task throughput ÷ raw",
-                           paired_ratio(column(figs, f"{name}|c64"), raw_c64)))  # fmt: skip
-    for row in trips:
-        if row[0] in TARGETS:
-            ok = row[1] == row[2] == "1.00"
-            rows.append([f"{row[0]} round trips (client / server)", "1",
-                         f"{row[1]} / {row[2]}", "yes" if ok else "**no**"])  # fmt: skip
-    print_table("Targets", ["target", "goal", "measured", "met"], rows)
-    print_notes(
-        f"Method. Sequential: the conditions run interleaved in blocks of {SEQ_BLOCK} "
-        f"operations, in an order that rotates every block, {SEQ_N} each per repetition. "
-        f"64 tasks: one chunk of {TASKS} tasks x {PER_TASK} operations per condition in "
-        f"turn, {CHUNKS} chunks each per repetition. Ratios are medians of per-repetition "
-        f"ratios. Our backend is `Backend.from_url(REDIS_URL, max_connections={TASKS})`, as many "
-        f"connections as the raw client (`redis.asyncio.Redis.from_url(REDIS_URL)`, an "
-        f"unbounded pool) opens for {TASKS} tasks. Every operation's answer is "
-        "checked (each consume True, each replay the stored result). A replay does more "
-        "than the floor: its script returns the stored result (a 41-byte JSON object here) "
-        "and the decorator decodes it. Round trips: the "
-        "server column is the EVALSHA + EVAL calls in `INFO commandstats` over the run, so "
-        "it would also count another client's scripts (the server should be otherwise idle).",
-    )
-    print_smoke_note()
-
-
-async def main() -> None:
-    url = redis_url()
-    prefix = bench_prefix()
-    bench = Bench(url, prefix)
-=======
 async def main(lab: h.Lab) -> None:
     bench = Bench(lab)
->>>>>>> bench
     try:
         await bench.setup()
         reps = await timed(bench)

@@ -345,72 +345,10 @@ def report(redis: h.Reps, memory: h.Reps, usage: list[list[str]]) -> None:
     )
 
 
-<<<<<<< HEAD
-    rows = []
-    for name in OURS:
-        rows.append(target(f"{name} sequential speed ÷ raw", paired_ratio(
-            raw_seq, column(redis_figs, f"{name}|seq")), 0.90))  # fmt: skip
-    for name in OURS:
-        rows.append(target(f"{name} 64-task throughput ÷ raw", paired_ratio(
-            column(redis_figs, f"{name}|c64"), raw_c64), 0.90))  # fmt: skip
-    for pair, r in mem_ratios.items():
-        ours, peer = pair.split("/")
-        if peer not in SAME_ALGORITHM[ours]:
-            continue  # a comparison, not a target: another algorithm
-        rows.append(target(f"memory:// {ours} speed ÷ limits memory {peer}", r, 1.0))
-    for layout, _, usage, *_rest, goal, _met in usage_rows:
-        if goal != "-":
-            rows.append(target(f"MEMORY USAGE {layout}", float(usage), float(goal[2:]), False))
-    print_table("Targets", ["target", "goal", "measured", "met"], rows)
-    print_notes(
-        f"Method. Sequential: the conditions run interleaved in blocks of {SEQ_BLOCK} hits, "
-        f"in an order that rotates every block, {SEQ_N} hits each per repetition. 64 tasks: "
-        f"one chunk of {TASKS} tasks x {PER_TASK} hits per condition in turn, {CHUNKS} chunks "
-        f"each per repetition. In process: blocks of {MEM_BLOCK}, {MEM_N} hits each.",
-        f"Every key receives {HITS_PER_KEY} hits under a limit of {LIMIT}/minute: every hit "
-        "is admitted (the script checks) and one in ten creates its key.",
-        f"Ours runs on `Backend.from_url(url, max_connections={TASKS})`: as many connections "
-        "as tasks, like the raw client and limits' redis-py client. The row with the default "
-        f"pool ({DEFAULT_MAX_CONNECTIONS}) shows what a pool smaller than the crowd costs.",
-        "Figures are medians over the repetitions; each ratio is the median of the "
-        "per-repetition ratios. Speed ÷ raw is raw time ÷ our time (sequential) or our hits/s "
-        "÷ raw hits/s (64 tasks): 1.00 means no overhead over the floor.",
-    )
-    print_smoke_note()
-
-
-async def main() -> None:
-    url = redis_url()
-    prefix = bench_prefix()
-    r = aredis.Redis.from_url(url, decode_responses=True)
-    try:
-        server = await r.info("server")
-        print_header(
-            "Rate limiters: raw floor, aioratelimit and limits, side by side",
-            server,
-            ["aioratelimit", "redis", "hiredis", "limits", "coredis"],
-            [("redis-py reply parser", DefaultParser.__name__), ("event loop", "asyncio")],
-        )
-        progress(f"keys under {prefix}:*")
-        redis_figs = await redis_reps(url, prefix)
-        mem_figs = await memory_reps()
-        usage_rows = await memory_usage(url, prefix)
-        report(redis_figs, mem_figs, usage_rows)
-    finally:
-        deleted = await delete_prefix(r, f"{prefix}:")
-        progress(f"deleted {deleted} keys under {prefix}:*")
-        await r.aclose()
-
-
-def run(entry: Callable[[], Any] = main) -> None:
-    asyncio.run(entry())
-    sys.stdout.flush()
-=======
 async def main(lab: h.Lab) -> None:
     redis = await on_redis(lab)
     memory = await in_process()
     report(redis, memory, await memory_usage(lab))
->>>>>>> bench
 
 
 if __name__ == "__main__":

@@ -177,90 +177,6 @@ def report(reps: h.Reps) -> None:
             reps.server(key, main=True),
         ])  # fmt: skip
 
-<<<<<<< HEAD
-    def c50_of(key: str) -> list[float]:
-        """The C client -c 50 run right before ``key``'s crowd (else the repetition's)."""
-        return col(f"C -c 50|{key}") if f"C -c 50|{key}" in reps[0] else c50
-
-    def rows_on(on: str) -> list[list[str]]:
-        """The table of one deployment (``on``: "" standalone, CLUSTER), against the C
-        client (standalone: its ``-c 1`` runs too) and the raw floor on it."""
-        rows: list[list[str]] = []
-
-        def row(label: str, key: str, us: bool = False) -> None:
-            xs = col(on + key)
-            raw = f"{on}raw|{key.rpartition('|')[2]}"  # the raw floor with as many tasks
-            rows.append([
-                label,
-                with_spread([1e6 / x for x in xs]) if us else "-",
-                with_spread(xs, 0),
-                *([ratio(paired_ratio(xs, c1)) if c1 else "-"] if not on else []),
-                ratio(paired_ratio(xs, c50_of(on + key))) if has_c else "-",
-                ratio(paired_ratio(xs, col(raw))) if raw in reps[0] else "-",
-            ])  # fmt: skip
-
-        if has_c and not on:
-            rows.append(["redis-benchmark -c 1 -P 1 (C)", "-", with_spread(c1, 0), "1.00",
-                         ratio(paired_ratio(c1, c50)), "-"])  # fmt: skip
-            rows.append(["redis-benchmark -c 50 -P 1 (C)", "-", with_spread(c50, 0),
-                         ratio(paired_ratio(c50, c1)), "1.00", "-"])  # fmt: skip
-        if has_c and on:
-            cluster_c50 = col(f"{on}C -c 50")
-            rows.append(["redis-benchmark --cluster -c 50 -P 1 (C)", "-",
-                         with_spread(cluster_c50, 0), "1.00", "-"])  # fmt: skip
-        row("raw redis.asyncio EVALSHA, sequential", "raw|seq", us=True)
-        for name in ("FixedWindow", "SlidingWindow", "TokenBucket"):
-            row(f"ours {name}, sequential", f"{name}|seq", us=True)
-        for n in LOW:
-            row(f"raw redis.asyncio, {n} tasks", f"raw|{n}")
-            row(f"ours FixedWindow, {n} tasks", f"FixedWindow|{n}")
-        row("raw redis.asyncio, 64 tasks", "raw|64")
-        for n in CROWDS:
-            row(f"ours FixedWindow, {n} tasks", f"FixedWindow|{n}")
-        row("ours SlidingWindow, 64 tasks", "SlidingWindow|64")
-        row("ours TokenBucket, 64 tasks", "TokenBucket|64")
-        row("ours lock acquire+release, 64 tasks (distinct names)", "lock|64")
-        row("ours consume_token, 64 tasks", "consume_token|64")
-        return rows
-
-    print_table(
-        f"Decisions per second, medians of {REPS} repetitions (min-max)",
-        ["condition", "µs/decision", "decisions/s", "÷ C -c 1", "÷ C -c 50", "÷ raw (same tasks)"],
-        rows_on(""),
-    )
-    if has_cluster:
-        print_table(
-            f"On the 3+3 cluster: decisions per second, medians of {REPS} repetitions (min-max)",
-            ["condition", "µs/decision", "decisions/s", "÷ C --cluster -c 50",
-             "÷ raw RedisCluster (same tasks)"],
-            rows_on(CLUSTER),
-        )  # fmt: skip
-    low = [
-        [f"{n} tasks", ratio(paired_ratio(col(f"FixedWindow|{n}"), col(f"raw|{n}")))] for n in LOW
-    ]
-    print_table("Low concurrency: ours FixedWindow ÷ raw floor", ["tasks", "speed ratio"], low)
-    # (target, goal, measured, bound): all "at least" except the lock's cost below
-    targets: list[tuple[str, str, float, float]] = []
-    if has_c:
-        for name, tasks, bound in (
-            ("FixedWindow", 64, 1.2),
-            ("SlidingWindow", 64, 1.0),
-            ("TokenBucket", 64, 1.0),
-            ("FixedWindow", 256, 1.5),
-        ):
-            measured = paired_ratio(col(f"{name}|{tasks}"), c50_of(f"{name}|{tasks}"))
-            targets.append((f"{name} {tasks} tasks ÷ C -c 50", f"≥ {bound}", measured, bound))
-    for name in ("FixedWindow", "SlidingWindow", "TokenBucket"):
-        measured = paired_ratio(col(f"{name}|seq"), col("raw|seq"))
-        targets.append((f"{name} sequential ÷ raw", "≥ 1.0", measured, 1.0))
-    lock_cost = paired_ratio(col("raw|seq"), col("lock|seq"))
-    print_table(
-        "Targets",
-        ["target", "goal", "measured", "met"],
-        [[t, g, fmt(m, 3), "yes" if m >= bound else "**no**"] for t, g, m, bound in targets]
-        + [["lock acquire+release ÷ one raw EVALSHA (time)", "≤ 2.1", fmt(lock_cost, 3),
-            "yes" if lock_cost <= 2.1 else "**no**"]],
-=======
     row("redis-benchmark -c 1 -P 1 (C)", "C -c 1", None, None)
     row("redis-benchmark -c 50 -P 1 (C)", "C -c 50", None, None)
     row("raw redis.asyncio EVALSHA, sequential", "raw|seq", "C -c 1", "raw|seq")
@@ -285,7 +201,6 @@ def report(reps: h.Reps) -> None:
         ["condition", "decisions/s", "÷ raw (same tasks)", "÷ C", "client CPU µs",
          "server CPU µs (process / main thread)"],
         rows,
->>>>>>> bench
     )  # fmt: skip
 
     limits = []
