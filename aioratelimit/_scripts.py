@@ -62,7 +62,7 @@ class Script:
 
     ``repeatable``: running it twice with the same arguments does what running it once
     does, and its reply says so (a release that leaves a tombstone): the one kind of
-    script ``Backend.run_repeatable`` sends again after a lost reply.
+    script ``Backend._run_repeatable`` sends again after a lost reply.
     """
 
     name: str

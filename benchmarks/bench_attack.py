@@ -75,7 +75,7 @@ class Counting:
 
     def __init__(self, backend: arl.Backend) -> None:
         self.calls = self.denied = 0
-        inner = backend.run
+        inner = backend._run
 
         async def run(script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
             reply = await inner(script, keys, args)
@@ -84,7 +84,7 @@ class Counting:
                 self.denied += reply[0] != 1
             return reply
 
-        backend.run = run
+        backend._run = run
 
 
 async def warm_denial(limiter: arl.Limiter, key: str) -> None:

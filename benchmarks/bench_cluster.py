@@ -110,7 +110,7 @@ class Ops:
         return op
 
     def wake(self, name: str, backend: arl.Backend, command: str, tag: str) -> Op:
-        admitted, run = self.admitted, backend.run
+        admitted, run = self.admitted, backend._run
 
         async def op(i: int) -> None:
             key = f"{tag}{{{i % 1024}}}"
@@ -193,7 +193,7 @@ async def bus_messages(url: str, prefix: str) -> dict[str, float]:
             before = await sent()
             for i in range(BUS_N):
                 key = f"{prefix}:bus{{{i % 1024}}}"
-                await backend.run(WAKE, [key], [command, f"{key}:wake"])
+                await backend._run(WAKE, [key], [command, f"{key}:wake"])
             per[name] = (await sent() - before) / BUS_N
         return per
     finally:

@@ -129,7 +129,7 @@ class Bench:
         mine = tokens[:total]
         alone_keys = [token_key(backend, t) for t in tokens[total : 2 * total]]
         run_keys = [token_key(backend, t) for t in tokens[2 * total :]]
-        idem_head = backend.head(_keys.IDEMPOTENCY_KIND)
+        idem_head = backend._head(_keys.IDEMPOTENCY_KIND)
         claim_keys = [_keys.idempotency(idem_head, f"r{k}")[0] for k in range(REPLAY_KEYS)]
         consume_sha, claim_sha = _scripts.TOKEN_CONSUME.sha, _scripts.IDEM_CLAIM.sha
         paid = {"status": "paid", "amount": 1250}
@@ -159,7 +159,8 @@ class Bench:
             reply = await raw.evalsha(claim_sha, 1, claim_keys[i % REPLAY_KEYS], "o", "", 10**7)
             check(ALONE[1], reply[0] == 2)
 
-        run, consume_script, claim_script = backend.run, _scripts.TOKEN_CONSUME, _scripts.IDEM_CLAIM
+        run = backend._run
+        consume_script, claim_script = _scripts.TOKEN_CONSUME, _scripts.IDEM_CLAIM
 
         async def consume_run(i: int) -> None:
             check(VIA_RUN[0], await run(consume_script, (run_keys[i],), ("",)) == 1)

@@ -175,13 +175,13 @@ class Hitters:
         return op
 
     def floor_on(self, name: str, backend: arl.Backend, tag: str, total: int) -> Op:
-        """The raw floor's script run by ``backend.run``: our client path, not our scripts."""
+        """The raw floor's script run by ``backend._run``: our client path, not our scripts."""
         keys, admitted, head = (
             max(1, total // HITS_PER_KEY),
             self.admitted,
             f"{self.prefix}:floor:{tag}",
         )
-        run, script, argv = backend.run, FLOOR_SCRIPT, (WINDOW_MS,)
+        run, script, argv = backend._run, FLOOR_SCRIPT, (WINDOW_MS,)
 
         async def op(i: int) -> None:
             reply = await run(script, [f"{head}{i % keys}"], argv)

@@ -163,18 +163,18 @@ class Cases:
         """The EVALSHA a hit of limiter ``name`` sends, its user key made random for
         redis-benchmark (captured on its way to the store; the hit itself runs too)."""
         backend = self.backend
-        inner = backend.run
+        inner = backend._run
         seen: list[list[str]] = []
 
         async def run(script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
             seen.append(["EVALSHA", script.sha, str(len(keys)), *keys, *map(str, args)])
             return await inner(script, keys, args)
 
-        backend.run = run
+        backend._run = run
         try:
             await self.limiters[name].hit(MARK)
         finally:
-            backend.run = inner
+            backend._run = inner
         (command,) = seen
         assert any(MARK in part for part in command), command
         return [part.replace(MARK, "__rand_int__") for part in command]

@@ -95,7 +95,7 @@ class Claimed:
         self._backend = backend
         self._record = record
         # The scripts' last two arguments: where and how completion and release wake waiters.
-        self._wake = (channel, backend.publish_command)
+        self._wake = (channel, backend._publish_command)
         self.key = key
         #: the token, unique to this attempt, that fences every later script of it
         self.owner = owner
@@ -161,7 +161,7 @@ class IdempotencyStore:
 
     def _keys(self, backend: Backend, key: str) -> tuple[str, str]:
         """The key's record and wake-up channel on ``backend``."""
-        return _keys.idempotency(backend.head(_keys.IDEMPOTENCY_KIND, self.name), key)
+        return _keys.idempotency(backend._head(_keys.IDEMPOTENCY_KIND, self.name), key)
 
     @property
     def backend(self) -> Backend:
@@ -184,7 +184,7 @@ class IdempotencyStore:
         record, channel = self._keys(backend, key)
         owner = _keys.new_token()
         try:
-            reply = await backend.run(_scripts.IDEM_CLAIM, (record,), (owner, fp, self._lease_us))
+            reply = await backend._run(_scripts.IDEM_CLAIM, (record,), (owner, fp, self._lease_us))
         except BaseException:
             # The script may have run before the reply was lost: give back whatever this
             # owner may hold, rather than keep the key until the lease passes. Waited for
@@ -249,7 +249,7 @@ class IdempotencyStore:
         _, channel = self._keys(backend, key)
         # Subscribed (and confirmed) before the claim it guards: a completion published
         # between that claim and the wait still wakes this waiter.
-        async with backend.notifier.subscribe(channel, wake_all=True) as sub:
+        async with backend._notifier.subscribe(channel, wake_all=True) as sub:
             while True:
                 outcome = await self.claim(key, fingerprint, _until=until)
                 if not isinstance(outcome, InProgress):
@@ -264,7 +264,7 @@ class IdempotencyStore:
 
     async def renew(self, claimed: Claimed) -> bool:
         """Start a new full lease now; False if this owner no longer holds the key."""
-        reply = await claimed._backend.run(
+        reply = await claimed._backend._run(
             _scripts.IDEM_RENEW, (claimed._record,), (claimed.owner, self._lease_us)
         )
         return bool(reply == 1)
@@ -281,7 +281,7 @@ class IdempotencyStore:
         if size > self.max_bytes:
             raise ResultTooLarge(key=claimed.key, size=size, limit=self.max_bytes)
         claimed._stop_renewal()
-        reply = await claimed._backend.run(
+        reply = await claimed._backend._run(
             _scripts.IDEM_COMPLETE,
             (claimed._record,),
             (claimed.owner, bytes(payload), self._ttl_us, *claimed._wake),
@@ -357,7 +357,7 @@ async def _release(claimed: Claimed) -> bool:
     claimed._stop_renewal()
     # Sent again if its reply is lost (a reset): a lost release would keep the key
     # "in progress" until its lease passes. Owner-fenced, so a repeat changes nothing.
-    reply = await claimed._backend.run_repeatable(
+    reply = await claimed._backend._run_repeatable(
         _scripts.IDEM_RELEASE, (claimed._record,), (claimed.owner, *claimed._wake)
     )
     claimed.settled = True

@@ -187,7 +187,7 @@ class DenyCache:
         """Serve ``backend`` from now on (what was learned on another one is dropped)."""
         self.clear()
         self.backend = backend
-        self.notifier = backend.notifier
+        self.notifier = backend._notifier
 
     def clear(self) -> None:
         self.gen += 1

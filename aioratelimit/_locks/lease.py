@@ -6,7 +6,7 @@ extend or release what it holds. ``Hold`` (``async with arl.lock(...)``) renews 
 the background (``Renewal``) and turns a lost lease into the cancellation of the block and
 ``LockLost``. Every release is safe to send twice (``lua/lock_release.lua`` leaves a
 tombstone), so a release whose reply was lost (with a cancellation, or on a connection
-reset: ``Backend.run_repeatable``) is sent again, and the repeat's "released before" counts
+reset: ``Backend._run_repeatable``) is sent again, and the repeat's "released before" counts
 as the release it repeats.
 """
 
@@ -103,7 +103,7 @@ class Lease:
         sent = asyncio.get_running_loop().time()
         base = cancels()
         names = self._names
-        reply = await self._backend.run(names.extend, names.owner_keys, (self._token, to_ms(ttl)))
+        reply = await self._backend._run(names.extend, names.owner_keys, (self._token, to_ms(ttl)))
         cancel_requested(base)
         if reply != 1:
             if self._state is _HELD:
@@ -124,7 +124,7 @@ class Lease:
             raise LockNotOwned(name=self.name)
         names = self._names
         args = names.release_args(self._token, self.ttl)
-        run = self._backend.run_repeatable
+        run = self._backend._run_repeatable
         base = cancels()
         try:
             code = await run(names.release, names.owner_keys, args)
@@ -150,7 +150,7 @@ class Lease:
         names = self._names
         args = names.release_args(self._token, self.ttl)
         try:
-            code = await self._backend.run_repeatable(names.release, names.owner_keys, args)
+            code = await self._backend._run_repeatable(names.release, names.owner_keys, args)
         except AioRateLimitError as exc:
             log.debug("aioratelimit: release of lost lease %r: %r", self.name, exc)
             return

@@ -22,7 +22,7 @@ connection pools, rediscovery) and adds what the library promises on every backe
   races), so here any exception of the client call is translated, with its cause chained.
 
 Wake-ups use sharded pub/sub (Redis >= 7.0, which the scripts need anyway): scripts
-``SPUBLISH`` on a channel that carries the hash tag of their keys (``backend.publish_command``),
+``SPUBLISH`` on a channel that carries the hash tag of their keys (``backend._publish_command``),
 so a message stays inside the shard that owns it, and ``cluster_pubsub.ShardedPubSub``
 holds one dedicated connection (outside the pool) per master that owns a channel someone
 waits on.
