@@ -18,13 +18,12 @@ from typing import Any
 from . import _keys
 from ._args import check_int, check_seconds
 from ._errors import BackendUnavailable
-from ._scripts import Arg, Reply, Script
+from ._scripts import Arg, OnCall, Reply, Script
 from ._stores.base import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_TIMEOUT,
-    OnCall,
     Store,
 )
 from ._stores.notify import Notifier
@@ -57,10 +56,6 @@ class Backend:
     # ``from_url``, ``prefix``, ``url``, ``timeout``, ``aclose`` and ``async with``.
     __slots__ = ("_heads", "_run", "_store", "prefix", "timeout", "url")
 
-    #: ``await backend._run(script, keys, args)``: one script, atomically, in one round trip
-    #: (the store's own bound method, so a decision pays no extra call layer).
-    _run: RunScript
-
     def __init__(self, client: Any, *, prefix: str = "arl") -> None:
         if client is None:
             raise TypeError("Backend(client) needs a redis.asyncio client; use from_url()")
@@ -68,7 +63,9 @@ class Backend:
 
     def _setup(self, store: Store, prefix: str, url: str, timeout: float) -> None:
         self._store = store
-        self._run = store.run
+        #: ``await backend._run(script, keys, args)``: one script, atomically, in one round
+        #: trip (the store's own bound method, so a decision pays no extra call layer)
+        self._run: RunScript = store.run
         self.prefix = _check_prefix(prefix)
         self.url = url
         #: what bounds one call (seconds): the ``timeout`` of ``from_url``; for a client

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 class AioRateLimitError(Exception):
     """Root of every exception raised by aioratelimit (besides ValueError/TypeError)."""
 
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+
 
 class RateLimited(AioRateLimitError):
     """A hit was denied; ``retry_after`` seconds until the same cost could be admitted."""

@@ -15,6 +15,7 @@ sends, so a raw reply and a twin's reply compare as they are).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
@@ -44,6 +45,11 @@ class ScriptCall:
     duration_ns: int
     #: what it raised (``BackendUnavailable``, ``BackendError``, a cancellation), or None
     error: BaseException | None
+
+
+#: ``on_call=`` of ``Backend.from_url`` and ``testing.memory_backend``: called with each
+#: ``ScriptCall`` once it is over.
+OnCall = Callable[[ScriptCall], None]
 
 
 def _lua_dir() -> Path:

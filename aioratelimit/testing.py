@@ -30,8 +30,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ._backend import Backend, memory_backend, swap_default
+from ._scripts import OnCall
 
-__all__ = ["ManualClock", "default_backend", "memory_backend", "reset_default"]
+__all__ = ["ManualClock", "OnCall", "default_backend", "memory_backend", "reset_default"]
 
 
 class ManualClock:

@@ -23,6 +23,7 @@ from .._aio import cancel_requested, cancels, finish
 from .._args import check_seconds, check_timeout, to_ms
 from .._backend import Backend
 from .._errors import AioRateLimitError, LockLost, LockNotOwned
+from .._public import NoPublicConstructor
 from .._scripts import Released, Script
 
 log = logging.getLogger("aioratelimit")
@@ -67,11 +68,13 @@ def released(code: int) -> bool:
     return code == Released.RELEASED or code == Released.RELEASED_BEFORE
 
 
-class Lease:
+class Lease(metaclass=NoPublicConstructor):
     """One acquisition of a lock or of a semaphore slot; only it can extend or release it.
 
     ``fencing_token`` strictly increases across every acquisition of the name: pass it to
     the resource you protect and have it refuse a token lower than one it has already seen.
+    Handed out by ``Lock.acquire``, ``Semaphore.acquire`` and ``async with arl.lock(...)``
+    (``Lease._create``: what it is made of is internal).
     """
 
     __slots__ = ("_backend", "_names", "_sent", "_state", "_token", "fencing_token", "name", "ttl")
@@ -256,10 +259,10 @@ class Acquirable(Protocol):
     async def acquire(self, timeout: float | None = None) -> Lease: ...
 
 
-class Hold:
+class Hold(metaclass=NoPublicConstructor):
     """``async with arl.lock(...) as lease`` / ``arl.semaphore(...)``: acquire on entry,
     renew while the block runs, release on exit; a lost lease ends the block with
-    ``LockLost``."""
+    ``LockLost``. Made by ``arl.lock`` and ``arl.semaphore`` (``Hold._create``)."""
 
     __slots__ = ("_auto_renew", "_lease", "_owner", "_renewal", "_resource", "_timeout")
 

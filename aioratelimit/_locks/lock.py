@@ -152,7 +152,7 @@ class _Resource:
             ) from exc
         finally:
             notifier.depart(names.channel)
-        return Lease(backend, names, token, int(reply[1]), ttl, sent)
+        return Lease._create(backend, names, token, int(reply[1]), ttl, sent)
 
     async def _attempt(
         self,
@@ -307,7 +307,7 @@ def lock(
     extended every ttl/3 while the block runs; if it is lost anyway, the block is cancelled
     and ``LockLost`` raised out of the ``async with``.
     """
-    return Hold(Lock(name, ttl, backend), timeout, auto_renew)
+    return Hold._create(Lock(name, ttl, backend), timeout, auto_renew)
 
 
 def semaphore(
@@ -320,4 +320,4 @@ def semaphore(
 ) -> Hold:
     """``async with arl.semaphore(name, limit=5) as lease:`` runs the block as one of at most
     ``limit`` holders; otherwise exactly like ``lock``."""
-    return Hold(Semaphore(name, limit, ttl, backend), timeout, auto_renew)
+    return Hold._create(Semaphore(name, limit, ttl, backend), timeout, auto_renew)

@@ -33,6 +33,7 @@ FLOORS: list[tuple[str, set[str]]] = [
             "_urls",
             "_aio",
             "_observe",
+            "_public",
         },
     ),
 ]
