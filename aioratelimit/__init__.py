@@ -5,6 +5,7 @@ connection pool per backend, decided on the Redis server's clock. ``memory://`` 
 in-process store with the same semantics, and the default when nothing is configured.
 """
 
+from . import _public
 from ._backend import Backend, configure, get_backend
 from ._errors import (
     AioRateLimitError,
@@ -77,3 +78,5 @@ __all__ = [
     "semaphore",
     "set_recorder",
 ]
+
+_public.publish(__name__, __all__)

@@ -1,10 +1,38 @@
-"""What keeps the faces' names public: classes users get from the package but never build."""
+"""What makes a face's names public: their ``__module__``, and classes users get but never build.
+
+Each face (``aioratelimit``, ``.asgi``, ``.fastapi``, ``.testing``, ``.otel``) ends with
+``publish(__name__, __all__)``: every class and function it exports then names the face as
+its module (anyio's and httpcore's way), so a repr, a traceback, ``help()`` and pickle say
+``aioratelimit.FixedWindow``, not the private module it is written in.
+"""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterable
+from types import FunctionType
 from typing import Any, NoReturn, TypeVar
 
 T = TypeVar("T")
+
+
+def _private(module: str) -> bool:
+    return any(part.startswith("_") for part in module.split("."))
+
+
+def publish(face: str, names: Iterable[str]) -> None:
+    """Make ``face`` the ``__module__`` of each class and function it exports as ``names``.
+
+    A name whose module is public already keeps it: one defined in a face, or one two faces
+    export, which belongs to the face imported first (``aioratelimit.fastapi`` imports
+    ``aioratelimit.asgi`` first, so the web names they share are ``aioratelimit.asgi``'s).
+    Type aliases and constants have no module of their own and are left as they are.
+    """
+    namespace = vars(sys.modules[face])
+    for name in names:
+        obj = namespace[name]
+        if isinstance(obj, type | FunctionType) and _private(obj.__module__):
+            obj.__module__ = face
 
 
 class NoPublicConstructor(type):
