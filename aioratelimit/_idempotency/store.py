@@ -1,4 +1,4 @@
-"""Idempotency keys: the store of claims that ``@idempotent`` (``_idempotent``) and the
+"""Idempotency keys: the store of claims that ``@idempotent`` (``decorator``) and the
 HTTP middleware are built on.
 
 One Redis hash per idempotency key holds its state, and each transition is one script,
@@ -12,29 +12,6 @@ fenced by the random owner token the claim was given:
 
 Completion and release PUBLISH on the key's channel, which wakes ``wait()``-ers.
 
-Internal API (stable: the HTTP middleware builds on it; payloads are opaque ``bytes``)::
-
-    store = IdempotencyStore(backend=None, *, ttl=86400.0, lease=30.0, name=None,
-                             max_bytes=MAX_RESULT_BYTES)
-    outcome = await store.claim(key, fingerprint=None)
-        # -> Claimed | Replay | InProgress; raises IdempotencyKeyMismatch (nothing claimed).
-        # ``fingerprint`` is str | bytes | None (hashed here; None matches only None).
-    outcome = await store.wait(key, fingerprint=None, timeout=None)
-        # claim, and while InProgress wait for the holder's completion or release (pub/sub,
-        # with a fallback timer of min(lease left, 1 s)); -> Claimed | Replay, or the last
-        # InProgress once ``timeout`` seconds have passed.
-    async with store.running(claimed):          # renews the lease every lease/3 meanwhile;
-        payload = ...                           # leaving the block without complete()
-        await store.complete(claimed, payload)  # (an exception, a cancellation) releases
-                                                # the key, shielded from cancellation.
-    await store.complete(claimed, payload) -> bool  # False: this owner lost the record.
-        # Raises ResultTooLarge (a ValueError) before any I/O if len(payload) > max_bytes.
-    await store.renew(claimed) -> bool
-    await store.release(claimed) -> bool
-
-    Replay(key, payload: bytes)           InProgress(key, retry_after: float seconds)
-    Claimed: .key, .owner, .settled (completed or released), .lost (renewal refused)
-
 A cancelled or failed ``claim`` releases what its owner token may hold, so a claim whose
 reply was lost does not keep the key until its lease passes.
 """
@@ -46,7 +23,6 @@ import hashlib
 import logging
 from dataclasses import dataclass
 from types import TracebackType
-from typing import ParamSpec, TypeVar
 
 from .. import _keys, _observe, _scripts
 from .._aio import finish, finish_within
@@ -56,9 +32,6 @@ from .._errors import BackendUnavailable, IdempotencyKeyMismatch, ResultTooLarge
 from .._scripts import Claim
 
 log = logging.getLogger("aioratelimit")
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 #: Default cap on one stored result, in bytes (after serialization).
 MAX_RESULT_BYTES = 1 << 20
