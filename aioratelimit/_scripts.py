@@ -1,11 +1,12 @@
 """The Lua scripts, read once at import and run by SHA, and the names of what they answer.
 
 Every Redis operation is one file in ``lua/`` (shipped inside the wheel as
-``aioratelimit/lua``), except ``semaphore_common.lua``, the part the three semaphore
-steps share, read in front of each. Each is read here once, its SHA1 computed locally, and
-the Redis stores run it with EVALSHA, loading it again on NOSCRIPT (``_stores.wire`` for the
-connections a backend owns, ``_stores.standalone`` for a client passed in). The memory store
-answers the same ``Script`` objects with a Python twin of the same name (``_stores.memory``).
+``aioratelimit/lua``), but for the ``HELPERS``, files of functions only, read in front of
+the scripts that call them: ``semaphore_common.lua`` (for the three semaphore steps). Each
+is read here once, its SHA1 computed locally, and the Redis stores run it with EVALSHA,
+loading it again on NOSCRIPT (``_stores.wire`` for the connections a backend owns,
+``_stores.standalone`` for a client passed in). The memory store answers the same
+``Script`` objects with a Python twin of the same name (``_stores.memory``).
 
 ``Arg`` and ``Reply`` are the types of a call; the small enums below name the codes a
 script answers with, next to the script (each compares equal to the bare integer Redis
@@ -100,11 +101,19 @@ def _read(name: str) -> str:
     return (LUA_DIR / f"{name}.lua").read_text(encoding="utf-8")
 
 
+#: The files in ``lua/`` that are not scripts: functions only (loading one does nothing),
+#: read in front of the scripts that call them.
+HELPERS = ("semaphore_common",)
+
+
 def _load(name: str, *, after: str | None = None, repeatable: bool = False) -> Script:
-    """The script in ``lua/<name>.lua``; with ``after``, that file's Lua first, in the same
-    chunk (what several scripts share: a Redis script cannot include another)."""
-    source = _read(name) if after is None else _read(after) + _read(name)
-    return script(name, source, repeatable=repeatable)
+    """The script in ``lua/<name>.lua``; with ``after`` (one of ``HELPERS``), that file's
+    Lua first, in the same chunk (a Redis script cannot include another)."""
+    if after is None:
+        return script(name, _read(name), repeatable=repeatable)
+    if after not in HELPERS:
+        raise ValueError(f"{after}.lua is not a helper file")
+    return script(name, _read(after) + _read(name), repeatable=repeatable)
 
 
 LUA_DIR = _lua_dir()
