@@ -2,9 +2,10 @@
 
 Every Redis operation is one file in ``lua/`` (shipped inside the wheel as
 ``aioratelimit/lua``), but for the ``HELPERS``, files of functions only, read in front of
-the scripts that call them: ``semaphore_common.lua`` (for the three semaphore steps). Each
-is read here once, its SHA1 computed locally, and the Redis stores run it with EVALSHA,
-loading it again on NOSCRIPT (``_stores.wire`` for the connections a backend owns,
+the scripts that call them: ``rates_common.lua`` (the rate that binds among several, for
+the fixed and sliding windows) and ``semaphore_common.lua`` (for the three semaphore
+steps). Each is read here once, its SHA1 computed locally, and the Redis stores run it with
+EVALSHA, loading it again on NOSCRIPT (``_stores.wire`` for the connections a backend owns,
 ``_stores.standalone`` for a client passed in). The memory store answers the same
 ``Script`` objects with a Python twin of the same name (``_stores.memory``).
 
@@ -103,7 +104,7 @@ def _read(name: str) -> str:
 
 #: The files in ``lua/`` that are not scripts: functions only (loading one does nothing),
 #: read in front of the scripts that call them.
-HELPERS = ("semaphore_common",)
+HELPERS = ("rates_common", "semaphore_common")
 
 
 def _load(name: str, *, after: str | None = None, repeatable: bool = False) -> Script:
@@ -120,8 +121,8 @@ LUA_DIR = _lua_dir()
 
 #: ``{allowed, limit, remaining, reset_after_us, retry_after_us, now_us, granted}``: read
 #: by ``_rates.Decision.from_reply``. ARGV[2] is a ``Mode``.
-FIXED_WINDOW = _load("fixed_window")
-SLIDING_WINDOW = _load("sliding_window")
+FIXED_WINDOW = _load("fixed_window", after="rates_common")
+SLIDING_WINDOW = _load("sliding_window", after="rates_common")
 TOKEN_BUCKET = _load("token_bucket")
 
 
