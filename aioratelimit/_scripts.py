@@ -20,7 +20,8 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
-from pathlib import Path
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from typing import Any
 
 #: One script argument as sent: RESP bulk strings made from ``str``, ``int`` or ``bytes``.
@@ -52,15 +53,6 @@ class ScriptCall:
 #: ``on_call=`` of ``Backend.from_url`` and ``testing.memory_backend``: called with each
 #: ``ScriptCall`` once it is over.
 OnCall = Callable[[ScriptCall], None]
-
-
-def _lua_dir() -> Path:
-    here = Path(__file__).resolve().parent
-    # Installed wheel: aioratelimit/lua. Source checkout or editable install: ../lua.
-    for candidate in (here / "lua", here.parent / "lua"):
-        if (candidate / "fixed_window.lua").is_file():
-            return candidate
-    raise ImportError(f"aioratelimit: the Lua scripts are missing (looked beside {here})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +90,17 @@ def script(name: str, source: str, *, repeatable: bool = False) -> Script:
     )
 
 
+#: Where the scripts are read, whatever the install: the package's ``lua`` resource. In the
+#: repository, ``aioratelimit/lua`` is a symlink to the top-level ``lua/`` (so a checkout and
+#: an editable install read the files being edited); the wheel and the sdist hold the files.
+LUA: Traversable = files("aioratelimit") / "lua"
+
+
 def _read(name: str) -> str:
-    return (LUA_DIR / f"{name}.lua").read_text(encoding="utf-8")
+    try:
+        return (LUA / f"{name}.lua").read_text(encoding="utf-8")
+    except OSError as exc:  # a broken install: say so at import, not at the first call
+        raise ImportError(f"aioratelimit: cannot read the Lua script {name}.lua: {exc}") from exc
 
 
 #: The files in ``lua/`` that are not scripts: functions only (loading one does nothing),
@@ -116,8 +117,6 @@ def _load(name: str, *, after: str | None = None, repeatable: bool = False) -> S
         raise ValueError(f"{after}.lua is not a helper file")
     return script(name, _read(after) + _read(name), repeatable=repeatable)
 
-
-LUA_DIR = _lua_dir()
 
 #: ``{allowed, limit, remaining, reset_after_us, retry_after_us, now_us, granted}``: read
 #: by ``_rates.Decision.from_reply``. ARGV[2] is a ``Mode``.
