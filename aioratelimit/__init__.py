@@ -5,6 +5,7 @@ multiplexed connection, decided on the Redis server's clock. ``memory://`` is an
 in-process store with the same semantics, and the default when nothing is configured.
 """
 
+from . import _public
 from ._backend import Backend, configure, get_backend
 from ._errors import (
     AioRateLimitError,
@@ -24,13 +25,13 @@ from ._idempotency.decorator import idempotent
 from ._idempotency.results import Serializer
 from ._idempotency.tokens import consume_token, consumes_token, issue_token
 from ._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
-from ._limits.failure import Breaker, Fallback
+from ._limits.failure import Breaker, BreakerListener, Fallback
 from ._limits.limiter import Admission, Limiter
 from ._locks.lease import Hold, Lease
 from ._locks.lock import Lock, Semaphore, lock, semaphore
 from ._observe import Recorder, set_recorder
-from ._rates import Decision, Rate
-from ._scripts import ScriptCall
+from ._rates import Decision, Rate, RateLike
+from ._scripts import OnCall, ScriptCall
 from ._version import __version__
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "BackendError",
     "BackendUnavailable",
     "Breaker",
+    "BreakerListener",
     "Decision",
     "Fallback",
     "FixedWindow",
@@ -52,7 +54,9 @@ __all__ = [
     "LockLost",
     "LockNotOwned",
     "LockTimeout",
+    "OnCall",
     "Rate",
+    "RateLike",
     "RateLimited",
     "Recorder",
     "ResultNotStored",
@@ -74,3 +78,5 @@ __all__ = [
     "semaphore",
     "set_recorder",
 ]
+
+_public.publish(__name__, __all__)

@@ -1,7 +1,7 @@
 """The backend: one store shared by every primitive, its key prefix, and the default.
 
 A primitive never talks to redis-py. It hands a ``Script`` with its keys and arguments to
-``Backend.run``; the backend's store answers (``_stores``): a Redis store by EVALSHA, the
+``Backend._run``; the backend's store answers (``_stores``): a Redis store by EVALSHA, the
 memory store by the script's Python twin. ``Backend.from_url`` picks the store by the URL's
 scheme; ``Backend(client)`` wraps a client the application already has.
 """
@@ -18,13 +18,12 @@ from typing import Any
 from . import _keys
 from ._args import check_int, check_seconds
 from ._errors import BackendUnavailable
-from ._scripts import Arg, Reply, Script
+from ._scripts import Arg, OnCall, Reply, Script
 from ._stores.base import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_TIMEOUT,
-    OnCall,
     Store,
 )
 from ._stores.notify import Notifier
@@ -34,7 +33,7 @@ log = logging.getLogger("aioratelimit")
 
 RunScript = Callable[[Script, Sequence[str], Sequence[Arg]], Awaitable[Reply]]
 
-#: How many times ``run_repeatable`` sends a script in all, at most.
+#: How many times ``_run_repeatable`` sends a script in all, at most.
 RESEND_TRIES = 4
 #: Its first pause between two tries (seconds), doubled after each.
 RESEND_PAUSE = 0.02
@@ -52,11 +51,10 @@ class Backend:
     ``asyncio.Runner``, ``uvloop.run``, pytest-asyncio), and a later loop gets fresh ones.
     """
 
-    __slots__ = ("_store", "heads", "prefix", "run", "timeout", "url")
-
-    #: ``await backend.run(script, keys, args)``: one script, atomically, in one round trip
-    #: (the store's own bound method, so a decision pays no extra call layer).
-    run: RunScript
+    # What the primitives use (``_run``, ``_run_repeatable``, ``_notifier``, ``_head``...) is
+    # private: their types are the package's own, and the public surface is the constructor,
+    # ``from_url``, ``prefix``, ``url``, ``timeout``, ``aclose`` and ``async with``.
+    __slots__ = ("_heads", "_run", "_store", "prefix", "timeout", "url")
 
     def __init__(self, client: Any, *, prefix: str = "arl") -> None:
         if client is None:
@@ -65,16 +63,18 @@ class Backend:
 
     def _setup(self, store: Store, prefix: str, url: str, timeout: float) -> None:
         self._store = store
-        self.run = store.run
+        #: ``await backend._run(script, keys, args)``: one script, atomically, in one round
+        #: trip (the store's own bound method, so a decision pays no extra call layer)
+        self._run: RunScript = store.run
         self.prefix = _check_prefix(prefix)
         self.url = url
         #: what bounds one call (seconds): the ``timeout`` of ``from_url``; for a client
         #: passed in, the default (its own socket timeouts bound its calls)
         self.timeout = timeout
         #: (kind, name) -> the start of that primitive's keys here: the one cache of key
-        #: heads, filled by ``head`` (a hot path may read it first: a dict hit is cheaper
+        #: heads, filled by ``_head`` (a hot path may read it first: a dict hit is cheaper
         #: than the call)
-        self.heads: dict[tuple[str, str | None], str] = {}
+        self._heads: dict[tuple[str, str | None], str] = {}
 
     @classmethod
     def _of(
@@ -137,10 +137,10 @@ class Backend:
         )
         return cls._of(store, prefix=prefix, url=url, timeout=timeout)
 
-    async def run_repeatable(
+    async def _run_repeatable(
         self, script: Script, keys: Sequence[str], args: Sequence[Arg]
     ) -> Reply:
-        """``run`` a script that is safe to send twice (``script.repeatable``: a release),
+        """``_run`` a script that is safe to send twice (``script.repeatable``: a release),
         sent again when its reply was lost (``BackendUnavailable``: a reset, a reply that
         never came), up to ``RESEND_TRIES`` times in all and for at most ``timeout``
         seconds after the first failure; then the last failure is raised (and logged).
@@ -153,7 +153,7 @@ class Backend:
         if not script.repeatable:
             raise ValueError(f"{script.name} is not safe to send twice")
         try:
-            return await self.run(script, keys, args)
+            return await self._run(script, keys, args)
         except BackendUnavailable as exc:
             failure: BackendUnavailable = exc
         loop = asyncio.get_running_loop()
@@ -166,7 +166,7 @@ class Backend:
             pause *= 2
             try:
                 async with asyncio.timeout_at(deadline):
-                    reply = await self.run(script, keys, args)
+                    reply = await self._run(script, keys, args)
             except BackendUnavailable as exc:
                 failure = exc
             except TimeoutError as exc:
@@ -180,25 +180,21 @@ class Backend:
         raise failure
 
     @property
-    def store(self) -> Store:
-        return self._store
-
-    @property
-    def notifier(self) -> Notifier:
+    def _notifier(self) -> Notifier:
         """The backend's shared pub/sub subscriber (see ``_stores.notify``)."""
         return self._store.notifier
 
     @property
-    def publish_command(self) -> str:
+    def _publish_command(self) -> str:
         """What a script that wakes waiters publishes with, passed to it as an argument:
-        ``"SPUBLISH"`` on Redis Cluster (shard-local, heard by ``notifier``), else
+        ``"SPUBLISH"`` on Redis Cluster (shard-local, heard by ``_notifier``), else
         ``"PUBLISH"``. The channel must carry the hash tag of the script's keys."""
         return self._store.publish_command
 
-    def head(self, kind: str, name: str | None = None) -> str:
+    def _head(self, kind: str, name: str | None = None) -> str:
         """The constant start of a primitive's keys on this backend (``_keys.head``),
         built once per (kind, name): the one cache of key heads."""
-        heads = self.heads
+        heads = self._heads
         head = heads.get((kind, name))
         if head is None:
             head = heads[kind, name] = _keys.head(self.prefix, kind, name)

@@ -23,14 +23,28 @@ Bad arguments raise the built-in ``ValueError`` / ``TypeError`` before any I/O. 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import copyreg
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._rates import Decision
 
 
+def _reduce(exc: BaseException) -> tuple[Any, ...]:
+    """Pickle an exception whose data are keyword-only (``LockLost(name=...)``) whole:
+    rebuilt without calling ``__init__`` (``BaseException``'s own way calls it with the
+    message alone, which such an ``__init__`` refuses), then given its attributes back."""
+    # copyreg.__newobj__(cls, *args) is cls.__new__(cls, *args): pickle's NEWOBJ, untyped.
+    return copyreg.__newobj__, (type(exc), *exc.args), exc.__dict__  # type: ignore[attr-defined]
+
+
 class AioRateLimitError(Exception):
     """Root of every exception raised by aioratelimit (besides ValueError/TypeError)."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+
+    __reduce__ = _reduce
 
 
 class RateLimited(AioRateLimitError):
@@ -126,3 +140,5 @@ class ResultTooLarge(ValueError):
         self.key = key
         self.size = size
         self.limit = limit
+
+    __reduce__ = _reduce

@@ -1,10 +1,12 @@
 """The Lua scripts, read once at import and run by SHA, and the names of what they answer.
 
 Every Redis operation is one file in ``lua/`` (shipped inside the wheel as
-``aioratelimit/lua``), except ``semaphore_common.lua``, the part the three semaphore
-steps share, read in front of each. Each is read here once and its SHA1 computed locally:
-the Redis stores run it with EVALSHA, loading it again on NOSCRIPT, and the memory store
-answers the same ``Script`` with a Python twin of the same name.
+``aioratelimit/lua``), but for the ``HELPERS``, files of functions only, read in front of
+the scripts that call them: ``rates_common.lua`` (the rate that binds among several, for
+the fixed and sliding windows) and ``semaphore_common.lua`` (for the three semaphore
+steps). Each is read here once, its SHA1 computed locally, and the Redis stores run it with
+EVALSHA, loading it again on NOSCRIPT. The memory store answers the same
+``Script`` objects with a Python twin of the same name.
 
 ``Arg`` and ``Reply`` are the types of a call; the small enums below name the codes a
 script answers with, next to the script (each compares equal to the bare integer Redis
@@ -14,9 +16,11 @@ sends, so a raw reply and a twin's reply compare as they are).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
-from pathlib import Path
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from typing import Any
 
 #: One script argument as sent: RESP bulk strings made from ``str``, ``int`` or ``bytes``.
@@ -45,13 +49,9 @@ class ScriptCall:
     error: BaseException | None
 
 
-def _lua_dir() -> Path:
-    here = Path(__file__).resolve().parent
-    # Installed wheel: aioratelimit/lua. Source checkout or editable install: ../lua.
-    for candidate in (here / "lua", here.parent / "lua"):
-        if (candidate / "fixed_window.lua").is_file():
-            return candidate
-    raise ImportError(f"aioratelimit: the Lua scripts are missing (looked beside {here})")
+#: ``on_call=`` of ``Backend.from_url`` and ``testing.memory_backend``: called with each
+#: ``ScriptCall`` once it is over.
+OnCall = Callable[[ScriptCall], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +61,7 @@ class Script:
 
     ``repeatable``: running it twice with the same arguments does what running it once
     does, and its reply says so (a release that leaves a tombstone): the one kind of
-    script ``Backend.run_repeatable`` sends again after a lost reply.
+    script ``Backend._run_repeatable`` sends again after a lost reply.
     """
 
     name: str
@@ -89,23 +89,38 @@ def script(name: str, source: str, *, repeatable: bool = False) -> Script:
     )
 
 
+#: Where the scripts are read, whatever the install: the package's ``lua`` resource. In the
+#: repository, ``aioratelimit/lua`` is a symlink to the top-level ``lua/`` (so a checkout and
+#: an editable install read the files being edited); the wheel and the sdist hold the files.
+LUA: Traversable = files("aioratelimit") / "lua"
+
+
 def _read(name: str) -> str:
-    return (LUA_DIR / f"{name}.lua").read_text(encoding="utf-8")
+    try:
+        return (LUA / f"{name}.lua").read_text(encoding="utf-8")
+    except OSError as exc:  # a broken install: say so at import, not at the first call
+        raise ImportError(f"aioratelimit: cannot read the Lua script {name}.lua: {exc}") from exc
+
+
+#: The files in ``lua/`` that are not scripts: functions only (loading one does nothing),
+#: read in front of the scripts that call them.
+HELPERS = ("rates_common", "semaphore_common")
 
 
 def _load(name: str, *, after: str | None = None, repeatable: bool = False) -> Script:
-    """The script in ``lua/<name>.lua``; with ``after``, that file's Lua first, in the same
-    chunk (what several scripts share: a Redis script cannot include another)."""
-    source = _read(name) if after is None else _read(after) + _read(name)
-    return script(name, source, repeatable=repeatable)
+    """The script in ``lua/<name>.lua``; with ``after`` (one of ``HELPERS``), that file's
+    Lua first, in the same chunk (a Redis script cannot include another)."""
+    if after is None:
+        return script(name, _read(name), repeatable=repeatable)
+    if after not in HELPERS:
+        raise ValueError(f"{after}.lua is not a helper file")
+    return script(name, _read(after) + _read(name), repeatable=repeatable)
 
-
-LUA_DIR = _lua_dir()
 
 #: ``{allowed, limit, remaining, reset_after_us, retry_after_us, now_us, granted}``: read
 #: by ``_rates.Decision.from_reply``. ARGV[2] is a ``Mode``.
-FIXED_WINDOW = _load("fixed_window")
-SLIDING_WINDOW = _load("sliding_window")
+FIXED_WINDOW = _load("fixed_window", after="rates_common")
+SLIDING_WINDOW = _load("sliding_window", after="rates_common")
 TOKEN_BUCKET = _load("token_bucket")
 
 

@@ -24,6 +24,7 @@ Type aliases for code that plugs into it: ``Scope``, ``Receive``, ``Send``, ``Me
 
 from __future__ import annotations
 
+from . import _public
 from ._web.answers import Refusal, RespondFunc
 
 # Defined in this module before the web layer was split; still importable from here.
@@ -59,3 +60,6 @@ __all__ = [
     "route_path",
     "user_id",
 ]
+
+
+_public.publish(__name__, __all__)

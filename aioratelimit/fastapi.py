@@ -32,6 +32,11 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import Request, Response
 
+from . import _public
+
+# Before ``_public.publish`` below: the web names both faces export (client_ip, Refusal...)
+# are asgi's, which claims them first.
+from . import asgi as _asgi  # noqa: F401
 from ._backend import Backend
 from ._errors import BackendUnavailable
 from ._idempotency.tokens import consume_token
@@ -269,3 +274,6 @@ class ConsumeToken:
 
     def __repr__(self) -> str:
         return f"<ConsumeToken header={self.header!r} field={self.field!r}>"
+
+
+_public.publish(__name__, __all__)

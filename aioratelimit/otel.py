@@ -19,7 +19,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider
 
-from . import _observe
+from . import _observe, _public
 from ._scripts import ScriptCall
 from ._version import __version__
 
@@ -251,3 +251,6 @@ def on_call(call: ScriptCall) -> None:
         span.set_attribute("error.type", error_type)
         span.set_status(Status(StatusCode.ERROR, error_type))
     span.end(end_time=call.start_ns + call.duration_ns)
+
+
+_public.publish(__name__, __all__)

@@ -29,9 +29,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from . import _public
 from ._backend import Backend, memory_backend, swap_default
+from ._scripts import OnCall
 
-__all__ = ["ManualClock", "default_backend", "memory_backend", "reset_default"]
+__all__ = ["ManualClock", "OnCall", "default_backend", "memory_backend", "reset_default"]
 
 
 class ManualClock:
@@ -125,3 +127,6 @@ else:
             clock = request.getfixturevalue("arl_clock")
         with default_backend(memory_backend(clock=clock)) as backend:
             yield backend
+
+
+_public.publish(__name__, __all__)

@@ -471,7 +471,7 @@ RunScript = Callable[[Script, Sequence[str], Sequence[Arg]], Awaitable[Reply]]
 
 def run_script(backend: arl.Backend) -> RunScript:
     """The store's own call a primitive makes: the one place the benchmarks reach it."""
-    return backend.run
+    return backend._run
 
 
 @contextlib.contextmanager
@@ -480,18 +480,18 @@ def intercept(
     seen: Callable[[Script, Sequence[str], Sequence[Arg], Reply], None],
 ) -> Iterator[None]:
     """While inside, ``seen(script, keys, args, reply)`` after each script ``backend`` runs."""
-    inner = backend.run
+    inner = backend._run
 
     async def watched(script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         reply = await inner(script, keys, args)
         seen(script, keys, args, reply)
         return reply
 
-    backend.run = watched
+    backend._run = watched
     try:
         yield
     finally:
-        backend.run = inner
+        backend._run = inner
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@
 -- Commands: GET, INCRBY, SET PXAT (6.2), TIME, and PEXPIRETIME (7.0) where the server has
 -- it, else PTTL: Redis 7.0+ (and Valkey) set redis.REDIS_VERSION_NUM, 6.2 does not. On 6.2
 -- the end is read in whole ms from the server's ms clock (PTTL), taken as the ms of TIME.
+-- Runs after rates_common.lua (tightest_limit, partial_cost, binding_rate; first = 3).
 local cost = tonumber(ARGV[1])
 local mode = tonumber(ARGV[2])
 local partial = mode >= 4
@@ -55,12 +56,8 @@ end
 
 local block = #KEYS > nrates and redis.call('GET', KEYS[#KEYS])
 if block and tonumber(block) > now then
-  local limit = tonumber(ARGV[3])
-  for i = 2, nrates do
-    if tonumber(ARGV[1 + 2 * i]) < limit then limit = tonumber(ARGV[1 + 2 * i]) end
-  end
   local wait = tonumber(block) - now
-  return {0, limit, 0, wait, wait, now, 0}
+  return {0, tightest_limit(3, nrates), 0, wait, wait, now, 0}
 end
 
 if nrates == 1 and not partial then
@@ -121,38 +118,25 @@ for i = 1, nrates do
 end
 
 if partial then
-  -- As much of cost as the fullest rate leaves; when nothing is left, the decision (a
-  -- denial) is for a cost of 1.
-  for i = 1, nrates do
-    local rem = tonumber(ARGV[1 + 2 * i]) - counts[i]
-    if rem < cost then cost = rem end
-  end
-  if cost < 1 then cost = 1 end
+  cost = partial_cost(cost, 3, nrates, counts)
 end
 
-local allowed = 1
-local best_limit, best_rem, best_reset, best_retry = 0, -1, 0, 0
-for i = 1, nrates do
-  local limit = tonumber(ARGV[1 + 2 * i])
-  local rem = limit - counts[i]
+-- A rate's window resets at its end (never further than window_us), and a hit it denies
+-- waits for just that.
+local function reset_after(i)
   local reset = ends[i] - now
   local window = tonumber(ARGV[2 + 2 * i])
   if reset > window then
     reset = window
   end
-  if cost > rem then
-    -- Denied: the tightest rate is the one that keeps the caller waiting longest.
-    if allowed == 1 or reset > best_retry then
-      best_limit, best_rem, best_reset, best_retry = limit, rem, reset, reset
-    end
-    allowed = 0
-  elseif allowed == 1 then
-    rem = rem - cost
-    if best_rem < 0 or rem < best_rem or (rem == best_rem and reset > best_reset) then
-      best_limit, best_rem, best_reset = limit, rem, reset
-    end
-  end
+  return reset
 end
+local function denied(i)
+  local reset = reset_after(i)
+  return reset, reset
+end
+local allowed, best_limit, best_rem, best_reset, best_retry =
+  binding_rate(cost, 3, nrates, counts, reset_after, denied)
 
 if (allowed == 1 and commit) or (allowed == 0 and count_denied) then
   for i = 1, nrates do

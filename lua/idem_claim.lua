@@ -44,6 +44,7 @@ end
 
 local deadline = now + lease
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 's', 'p', 'o', owner, 'f', fingerprint, 'd', string.format('%d', deadline))
+redis.call('HSET', KEYS[1], 's', 'p', 'o', owner, 'f', fingerprint,
+  'd', string.format('%d', deadline))
 redis.call('PEXPIREAT', KEYS[1], math.ceil(deadline / 1000))
 return {0, deadline}

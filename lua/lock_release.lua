@@ -1,8 +1,9 @@
 -- lock_release: compare-and-delete. If `token` holds the lock, replace its value with the
 -- tombstone "~<token>:<fence>" (free for everyone else; it keeps the last fence and the key's
--- TTL, so it lives as long as the lease would have), and wake one waiter per process. Sending it again is not an error: the tombstone says this
--- token released it already. On a lock that nobody holds it writes its tombstone too, so a
--- late copy of this token's acquire (cancelled, its reply never read) can never take it.
+-- TTL, so it lives as long as the lease would have), and wake one waiter per process.
+-- Sending it again is not an error: the tombstone says this token released it already. On a
+-- lock that nobody holds it writes its tombstone too, so a late copy of this token's acquire
+-- (cancelled, its reply never read) can never take it.
 --
 -- KEYS[1]  the lock (string "<token>:<fence>", or the tombstone "~<token>:<fence>")
 -- ARGV[1]  token    the acquisition's random token

@@ -17,11 +17,13 @@
 --
 -- Reply: {1, fence}    holds a slot now (fresh, or the same acquisition again);
 --        {0, wait_ms}  all `limit` slots are held: wait_ms until the soonest expires.
--- Runs after semaphore_common.lua (t, now, the pruning, expire_at_latest).
+-- Runs after semaphore_common.lua (server_clock, prune, expire_at_latest).
 local token = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
 
+local t, now = server_clock()
+prune(now)
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
 local score = redis.call('ZSCORE', KEYS[1], token)

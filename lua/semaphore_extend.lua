@@ -6,9 +6,12 @@
 -- ARGV[2]  ttl_ms  the new lifetime from now, milliseconds (integer >= 1)
 --
 -- Reply: 1 extended; 0 not held by `token` (expired or released).
--- Runs after semaphore_common.lua (t, now, the pruning, expire_at_latest).
+-- Runs after semaphore_common.lua (server_clock, prune, expire_at_latest).
 local token = ARGV[1]
 local ttl = tonumber(ARGV[2])
+
+local _, now = server_clock()
+prune(now)
 
 local score = redis.call('ZSCORE', KEYS[1], token)
 if score and tonumber(score) > 0 then

@@ -12,11 +12,14 @@
 --
 -- Reply: 1 released now; 2 released already by this token; 0 not held (it expired, or the
 --        acquire never arrived).
--- Runs after semaphore_common.lua (t, now, the pruning, expire_at_latest).
+-- Runs after semaphore_common.lua (server_clock, prune, expire_at_latest).
 local token = ARGV[1]
 local tomb_ms = tonumber(ARGV[2])
 local channel = ARGV[3]
 local publish = ARGV[4]
+
+local _, now = server_clock()
+prune(now)
 
 local score = redis.call('ZSCORE', KEYS[1], token)
 if score and tonumber(score) < 0 then

@@ -24,6 +24,7 @@
 -- Reply: {allowed (1/0), limit, remaining, reset_after_us, retry_after_us, now_us, granted}
 --   for the tightest rate; now_us is the server clock (TIME) the decision used; granted is
 --   the cost admitted (0 when denied; with partial, retry_after_us is for a cost of 1).
+-- Runs after rates_common.lua (tightest_limit, partial_cost, binding_rate; first = 4).
 local cost = tonumber(ARGV[1])
 local mode = tonumber(ARGV[2])
 local partial = mode >= 4
@@ -39,12 +40,8 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
 local block = #KEYS > nrates and redis.call('GET', KEYS[#KEYS])
 if block and tonumber(block) > now then
-  local limit = tonumber(ARGV[4])
-  for i = 2, nrates do
-    if tonumber(ARGV[2 + 2 * i]) < limit then limit = tonumber(ARGV[2 + 2 * i]) end
-  end
   local wait = tonumber(block) - now
-  return {0, limit, 0, wait, wait, now, 0}
+  return {0, tightest_limit(4, nrates), 0, wait, wait, now, 0}
 end
 
 local floor, tostring, tonumber = math.floor, tostring, tonumber
@@ -131,45 +128,31 @@ for i = 1, nrates do
 end
 
 if partial then
-  -- As much of cost as the fullest rate leaves; when nothing is left, the decision (a
-  -- denial) is for a cost of 1.
-  for i = 1, nrates do
-    local rem = tonumber(ARGV[2 + 2 * i]) - total[i]
-    if rem < cost then cost = rem end
-  end
-  if cost < 1 then cost = 1 end
+  cost = partial_cost(cost, 4, nrates, total)
 end
 
-local allowed = 1
-local best_limit, best_rem, best_reset, best_retry = 0, -1, 0, 0
-for i = 1, nrates do
-  local limit = tonumber(ARGV[2 + 2 * i])
-  local b, c, counts, sum = size[i], current[i], ring[i], total[i]
-  local rem = limit - sum
-  if cost > rem then
-    -- Wait until enough of the oldest buckets have left the window; bucket c - n + k
-    -- leaves it when bucket c + k + 1 begins.
-    local k, freed = 0, 0
-    while k < n and sum - freed + cost > limit do
-      freed = freed + counts[k]
-      if sum - freed + cost > limit then k = k + 1 end
-    end
-    local retry = (c + k + 1) * b - now
-    local top = n
-    while top > 0 and counts[top] == 0 do top = top - 1 end
-    local reset = (c + top + 1) * b - now
-    if allowed == 1 or retry > best_retry then
-      best_limit, best_rem, best_reset, best_retry = limit, rem, reset, retry
-    end
-    allowed = 0
-  elseif allowed == 1 then
-    rem = rem - cost
-    local reset = (c + n + 1) * b - now
-    if best_rem < 0 or rem < best_rem or (rem == best_rem and reset > best_reset) then
-      best_limit, best_rem, best_reset = limit, rem, reset
-    end
-  end
+-- Counted, a hit lies in bucket c until its window has passed entirely.
+local function admitted(i)
+  return (current[i] + n + 1) * size[i] - now
 end
+
+-- Denied, a hit waits until enough of the oldest buckets have left the window (bucket
+-- c - n + k leaves it when bucket c + k + 1 begins); the ring is empty once its newest
+-- counted bucket has left.
+local function denied(i, limit)
+  local b, c, counts, sum = size[i], current[i], ring[i], total[i]
+  local k, freed = 0, 0
+  while k < n and sum - freed + cost > limit do
+    freed = freed + counts[k]
+    if sum - freed + cost > limit then k = k + 1 end
+  end
+  local top = n
+  while top > 0 and counts[top] == 0 do top = top - 1 end
+  return (c + top + 1) * b - now, (c + k + 1) * b - now
+end
+
+local allowed, best_limit, best_rem, best_reset, best_retry =
+  binding_rate(cost, 4, nrates, total, admitted, denied)
 
 if (allowed == 1 and commit) or (allowed == 0 and count_denied) then
   for i = 1, nrates do

@@ -30,8 +30,8 @@ async def blocked_for(limiter: Limiter, key: str) -> tuple[float, int]:
     runs) and the server clock (µs) it was read at (``limiter_blocked``: reads only)."""
     check_key(key)
     backend = limiter.backend
-    head = backend.head(limiter._kind, limiter.name)
-    left, now = await backend.run(_scripts.LIMITER_BLOCKED, [_keys.block(head, key)], ())
+    head = backend._head(limiter._kind, limiter.name)
+    left, now = await backend._run(_scripts.LIMITER_BLOCKED, [_keys.block(head, key)], ())
     return from_us(int(left)), int(now)
 
 
@@ -54,7 +54,9 @@ class LockState:
 async def lock_state(lock: Lock) -> LockState:
     """Who holds ``lock`` now (``lock_holder``: reads only)."""
     backend = lock.backend
-    held, fence, pttl = await backend.run(_scripts.LOCK_HOLDER, lock._names(backend).owner_keys, ())
+    held, fence, pttl = await backend._run(
+        _scripts.LOCK_HOLDER, lock._names(backend).owner_keys, ()
+    )
     holder = Holder(int(fence), _ttl(int(pttl))) if held == 1 else None
     return LockState(holder, int(fence))
 
@@ -62,7 +64,7 @@ async def lock_state(lock: Lock) -> LockState:
 async def semaphore_state(sem: Semaphore) -> list[Holder]:
     """The live holders of ``sem``, soonest to expire first (``semaphore_list``)."""
     backend = sem.backend
-    reply = await backend.run(_scripts.SEMAPHORE_LIST, sem._names(backend).acquire_keys, ())
+    reply = await backend._run(_scripts.SEMAPHORE_LIST, sem._names(backend).acquire_keys, ())
     pairs = [int(v) for v in reply]
     return [Holder(pairs[i], pairs[i + 1] / 1000) for i in range(0, len(pairs), 2)]
 
@@ -75,7 +77,7 @@ async def force_release(lock: Lock, fence: int | None = None) -> int | None:
     backend = lock.backend
     names = lock._names(backend)
     expected = "" if fence is None else str(fence)
-    released, freed = await backend.run(
+    released, freed = await backend._run(
         _scripts.LOCK_FORCE_RELEASE, names.owner_keys, (names.channel, names.publish, expected)
     )
     return int(freed) if released == 1 else None
@@ -98,7 +100,7 @@ async def idempotency_state(
     """The record of idempotency ``key`` under ``name`` (``idem_state``: reads only)."""
     check_key(key)
     record, _ = IdempotencyStore(backend, name=name)._keys(backend, key)
-    code, pttl, left, result = await backend.run(
+    code, pttl, left, result = await backend._run(
         _scripts.IDEM_STATE, (record,), ("1" if with_result else "0",)
     )
     state = IdemState(int(code))
@@ -124,9 +126,9 @@ PROBE_KIND = "doctor"
 
 async def server_facts(backend: Backend, tag: str) -> ServerFacts:
     """Ask the server that owns hash tag ``tag`` (``server_check``: reads only)."""
-    head = backend.head(PROBE_KIND)
+    head = backend._head(PROBE_KIND)
     keys = (_keys.tagged(head, tag, ":declared"),)
-    reply = await backend.run(
+    reply = await backend._run(
         _scripts.SERVER_CHECK, keys, (_keys.tagged(head, tag, ":undeclared"),)
     )
     seconds, micros, version, mode, undeclared = reply

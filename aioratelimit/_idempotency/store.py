@@ -12,29 +12,6 @@ fenced by the random owner token the claim was given:
 
 Completion and release PUBLISH on the key's channel, which wakes ``wait()``-ers.
 
-Internal API (stable: the HTTP middleware builds on it; payloads are opaque ``bytes``)::
-
-    store = IdempotencyStore(backend=None, *, ttl=86400.0, lease=30.0, name=None,
-                             max_bytes=MAX_RESULT_BYTES)
-    outcome = await store.claim(key, fingerprint=None)
-        # -> Claimed | Replay | InProgress; raises IdempotencyKeyMismatch (nothing claimed).
-        # ``fingerprint`` is str | bytes | None (hashed here; None matches only None).
-    outcome = await store.wait(key, fingerprint=None, timeout=None)
-        # claim, and while InProgress wait for the holder's completion or release (pub/sub,
-        # with a fallback timer of min(lease left, 1 s)); -> Claimed | Replay, or the last
-        # InProgress once ``timeout`` seconds have passed.
-    async with store.running(claimed):          # renews the lease every lease/3 meanwhile;
-        payload = ...                           # leaving the block without complete()
-        await store.complete(claimed, payload)  # (an exception, a cancellation) releases
-                                                # the key, shielded from cancellation.
-    await store.complete(claimed, payload) -> bool  # False: this owner lost the record.
-        # Raises ResultTooLarge (a ValueError) before any I/O if len(payload) > max_bytes.
-    await store.renew(claimed) -> bool
-    await store.release(claimed) -> bool
-
-    Replay(key, payload: bytes)           InProgress(key, retry_after: float seconds)
-    Claimed: .key, .owner, .settled (completed or released), .lost (renewal refused)
-
 A cancelled or failed ``claim`` releases what its owner token may hold, so a claim whose
 reply was lost does not keep the key until its lease passes.
 """
@@ -46,7 +23,6 @@ import hashlib
 import logging
 from dataclasses import dataclass
 from types import TracebackType
-from typing import ParamSpec, TypeVar
 
 from .. import _keys, _observe, _scripts
 from .._aio import finish, finish_within
@@ -56,9 +32,6 @@ from .._errors import BackendUnavailable, IdempotencyKeyMismatch, ResultTooLarge
 from .._scripts import Claim
 
 log = logging.getLogger("aioratelimit")
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 #: Default cap on one stored result, in bytes (after serialization).
 MAX_RESULT_BYTES = 1 << 20
@@ -95,7 +68,7 @@ class Claimed:
         self._backend = backend
         self._record = record
         # The scripts' last two arguments: where and how completion and release wake waiters.
-        self._wake = (channel, backend.publish_command)
+        self._wake = (channel, backend._publish_command)
         self.key = key
         #: the token, unique to this attempt, that fences every later script of it
         self.owner = owner
@@ -161,7 +134,7 @@ class IdempotencyStore:
 
     def _keys(self, backend: Backend, key: str) -> tuple[str, str]:
         """The key's record and wake-up channel on ``backend``."""
-        return _keys.idempotency(backend.head(_keys.IDEMPOTENCY_KIND, self.name), key)
+        return _keys.idempotency(backend._head(_keys.IDEMPOTENCY_KIND, self.name), key)
 
     @property
     def backend(self) -> Backend:
@@ -184,7 +157,7 @@ class IdempotencyStore:
         record, channel = self._keys(backend, key)
         owner = _keys.new_token()
         try:
-            reply = await backend.run(_scripts.IDEM_CLAIM, (record,), (owner, fp, self._lease_us))
+            reply = await backend._run(_scripts.IDEM_CLAIM, (record,), (owner, fp, self._lease_us))
         except BaseException:
             # The script may have run before the reply was lost: give back whatever this
             # owner may hold, rather than keep the key until the lease passes. Waited for
@@ -249,7 +222,7 @@ class IdempotencyStore:
         _, channel = self._keys(backend, key)
         # Subscribed (and confirmed) before the claim it guards: a completion published
         # between that claim and the wait still wakes this waiter.
-        async with backend.notifier.subscribe(channel, wake_all=True) as sub:
+        async with backend._notifier.subscribe(channel, wake_all=True) as sub:
             while True:
                 outcome = await self.claim(key, fingerprint, _until=until)
                 if not isinstance(outcome, InProgress):
@@ -264,7 +237,7 @@ class IdempotencyStore:
 
     async def renew(self, claimed: Claimed) -> bool:
         """Start a new full lease now; False if this owner no longer holds the key."""
-        reply = await claimed._backend.run(
+        reply = await claimed._backend._run(
             _scripts.IDEM_RENEW, (claimed._record,), (claimed.owner, self._lease_us)
         )
         return bool(reply == 1)
@@ -281,7 +254,7 @@ class IdempotencyStore:
         if size > self.max_bytes:
             raise ResultTooLarge(key=claimed.key, size=size, limit=self.max_bytes)
         claimed._stop_renewal()
-        reply = await claimed._backend.run(
+        reply = await claimed._backend._run(
             _scripts.IDEM_COMPLETE,
             (claimed._record,),
             (claimed.owner, bytes(payload), self._ttl_us, *claimed._wake),
@@ -357,7 +330,7 @@ async def _release(claimed: Claimed) -> bool:
     claimed._stop_renewal()
     # Sent again if its reply is lost (a reset): a lost release would keep the key
     # "in progress" until its lease passes. Owner-fenced, so a repeat changes nothing.
-    reply = await claimed._backend.run_repeatable(
+    reply = await claimed._backend._run_repeatable(
         _scripts.IDEM_RELEASE, (claimed._record,), (claimed.owner, *claimed._wake)
     )
     claimed.settled = True

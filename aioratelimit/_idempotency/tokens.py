@@ -35,7 +35,7 @@ _WELL_FORMED = re.compile(r"[A-Za-z0-9_-]{16,256}")
 
 def _key(backend: Backend, token: str) -> str:
     """The record of ``token`` on ``backend``: named by the token's SHA-256."""
-    head = backend.head(_keys.TOKEN_KIND)
+    head = backend._head(_keys.TOKEN_KIND)
     return _keys.token(head, hashlib.sha256(token.encode("ascii")).hexdigest())
 
 
@@ -70,7 +70,7 @@ async def issue_token(
     for _ in range(3):
         token = _keys.new_token(TOKEN_BYTES)
         key = _key(b, token)
-        if await b.run(_scripts.TOKEN_ISSUE, (key,), (subject_hash, ttl_us)) == 1:
+        if await b._run(_scripts.TOKEN_ISSUE, (key,), (subject_hash, ttl_us)) == 1:
             return token
         # A record with this hash exists: 2**-192 odds, but never hand out a used token.
     raise RuntimeError("could not store a new token: the store refused three fresh ones")
@@ -90,7 +90,7 @@ async def consume_token(
     if not isinstance(token, str) or _WELL_FORMED.fullmatch(token) is None:
         return False
     key = _key(b, token)
-    return bool(await b.run(_scripts.TOKEN_CONSUME, (key,), (subject_hash,)) == Consumed.CONSUMED)
+    return bool(await b._run(_scripts.TOKEN_CONSUME, (key,), (subject_hash,)) == Consumed.CONSUMED)
 
 
 def consumes_token(

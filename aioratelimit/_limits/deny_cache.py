@@ -37,9 +37,6 @@ from .._stores.notify import Notifier, Subscription
 #: loop's: uvloop's ``loop.time()`` has millisecond resolution, and this one is cheaper.
 clock = time.monotonic
 
-#: The keys a deny cache holds when the option says ``True``.
-DEFAULT_SIZE = 10_000
-
 
 class Denial:
     """One cost's denial: when its call was sent, until when it holds (``clock``), the
@@ -118,9 +115,6 @@ class DenyCache:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def entry(self, key: str) -> Entry | None:
-        return self.entries.get(key)
-
     def answer(self, key: str, cost: int) -> Decision | None:
         """The cached denial of ``cost`` for ``key`` (a str and an int: the caller's type
         tests), if it still holds and can be trusted; else None. The hot path under
@@ -187,7 +181,7 @@ class DenyCache:
         """Serve ``backend`` from now on (what was learned on another one is dropped)."""
         self.clear()
         self.backend = backend
-        self.notifier = backend.notifier
+        self.notifier = backend._notifier
 
     def clear(self) -> None:
         self.gen += 1

@@ -153,7 +153,7 @@ def _land(
 def _watcher(
     lim: Guarded, backend: Backend, cache: DenyCache
 ) -> Callable[[str, Entry], asyncio.Task[None]]:
-    notifier, head = backend.notifier, backend.head(lim._kind, lim.name)
+    notifier, head = backend._notifier, backend._head(lim._kind, lim.name)
     return lambda key, entry: _deny_cache.start_watch(
         cache, notifier, _keys.rate_channel(head, key), key, entry
     )
@@ -241,12 +241,12 @@ async def invalidate(lim: Guarded, key: str, reset: bool) -> None:
     if cache is not None:
         cache.forget(key)
     backend = lim._backend or get_backend()
-    channel = _keys.rate_channel(backend.head(lim._kind, lim.name), key)
+    channel = _keys.rate_channel(backend._head(lim._kind, lim.name), key)
     try:
-        await backend.run(
+        await backend._run(
             _scripts.RATE_INVALIDATE,
             lim._keys(backend, key),
-            (int(reset), channel, backend.publish_command),
+            (int(reset), channel, backend._publish_command),
         )
     finally:
         if cache is not None:  # a denial sent before the reset, answered after it

@@ -94,7 +94,7 @@ class Limiter:
         #: a denied hit counts too (brute-force protection: hammering keeps the key denied)
         self.count_denied = count_denied
         self._hit_mode = int(Mode.HIT_COUNT_DENIED if count_denied else Mode.HIT)
-        self._head_id = (self._kind, name)  # its key in Backend.heads
+        self._head_id = (self._kind, name)  # its key in Backend._heads
         # Set by subclasses: per-key suffixes, the script's constant arguments, and the
         # largest cost that could ever be admitted.
         self._suffixes: tuple[str, ...] = ()
@@ -147,7 +147,7 @@ class Limiter:
 
     def _keys(self, backend: Backend, key: str) -> list[str]:
         """The key's counter per rate, then (``blockable``) its block."""
-        head = backend.heads.get(self._head_id) or backend.head(self._kind, self.name)
+        head = backend._heads.get(self._head_id) or backend._head(self._kind, self.name)
         suffixes = self._suffixes
         if len(suffixes) == 1:  # one rate, the common case: no comprehension frame
             keys = [_keys.tagged(head, key, suffixes[0])]
@@ -180,7 +180,7 @@ class Limiter:
             cost = self._check_cost(cost) if mode < _PARTIAL else check_int(cost, "cost")
         backend = self._backend or get_backend()
         args = (cost, mode, *self._args, *extra)
-        return backend.run(self._script, self._keys(backend, key), args)
+        return backend._run(self._script, self._keys(backend, key), args)
 
     async def _decide(self, key: str, cost: int, mode: int, *extra: int) -> Decision:
         if not self._plain and not extra:  # (a TokenBucket waiter's booking: no options)
@@ -247,8 +247,8 @@ class Limiter:
         check_key(key)
         block_us = to_us(check_seconds(seconds, "seconds"))
         backend = self._backend or get_backend()
-        head = backend.heads.get(self._head_id) or backend.head(self._kind, self.name)
-        reply = await backend.run(_scripts.LIMITER_BLOCK, [_keys.block(head, key)], (block_us,))
+        head = backend._heads.get(self._head_id) or backend._head(self._kind, self.name)
+        reply = await backend._run(_scripts.LIMITER_BLOCK, [_keys.block(head, key)], (block_us,))
         # No deny cache to tell: a block only adds denials, and those cached stay true.
         return from_us(reply[0])
 
@@ -261,7 +261,7 @@ class Limiter:
         cost = self._check_cost(cost)
         backend = self._backend or get_backend()
         rate_keys = self._keys(backend, key)[: len(self._suffixes)]
-        reply = await backend.run(self._refund_script, rate_keys, (cost, *self._refund_args))
+        reply = await backend._run(self._refund_script, rate_keys, (cost, *self._refund_args))
         await self._invalidate(key)
         return int(reply[0])
 

@@ -6,7 +6,7 @@ extend or release what it holds. ``Hold`` (``async with arl.lock(...)``) renews 
 the background (``Renewal``) and turns a lost lease into the cancellation of the block and
 ``LockLost``. Every release is safe to send twice (``lua/lock_release.lua`` leaves a
 tombstone), so a release whose reply was lost (with a cancellation, or on a connection
-reset: ``Backend.run_repeatable``) is sent again, and the repeat's "released before" counts
+reset: ``Backend._run_repeatable``) is sent again, and the repeat's "released before" counts
 as the release it repeats.
 """
 
@@ -23,6 +23,7 @@ from .._aio import cancel_requested, cancels, finish
 from .._args import check_seconds, check_timeout, to_ms
 from .._backend import Backend
 from .._errors import AioRateLimitError, LockLost, LockNotOwned
+from .._public import NoPublicConstructor
 from .._scripts import Released, Script
 
 log = logging.getLogger("aioratelimit")
@@ -67,11 +68,13 @@ def released(code: int) -> bool:
     return code == Released.RELEASED or code == Released.RELEASED_BEFORE
 
 
-class Lease:
+class Lease(metaclass=NoPublicConstructor):
     """One acquisition of a lock or of a semaphore slot; only it can extend or release it.
 
     ``fencing_token`` strictly increases across every acquisition of the name: pass it to
     the resource you protect and have it refuse a token lower than one it has already seen.
+    Handed out by ``Lock.acquire``, ``Semaphore.acquire`` and ``async with arl.lock(...)``
+    (``Lease._create``: what it is made of is internal).
     """
 
     __slots__ = ("_backend", "_names", "_sent", "_state", "_token", "fencing_token", "name", "ttl")
@@ -103,7 +106,7 @@ class Lease:
         sent = asyncio.get_running_loop().time()
         base = cancels()
         names = self._names
-        reply = await self._backend.run(names.extend, names.owner_keys, (self._token, to_ms(ttl)))
+        reply = await self._backend._run(names.extend, names.owner_keys, (self._token, to_ms(ttl)))
         cancel_requested(base)
         if reply != 1:
             if self._state is _HELD:
@@ -124,7 +127,7 @@ class Lease:
             raise LockNotOwned(name=self.name)
         names = self._names
         args = names.release_args(self._token, self.ttl)
-        run = self._backend.run_repeatable
+        run = self._backend._run_repeatable
         base = cancels()
         try:
             code = await run(names.release, names.owner_keys, args)
@@ -150,7 +153,7 @@ class Lease:
         names = self._names
         args = names.release_args(self._token, self.ttl)
         try:
-            code = await self._backend.run_repeatable(names.release, names.owner_keys, args)
+            code = await self._backend._run_repeatable(names.release, names.owner_keys, args)
         except AioRateLimitError as exc:
             log.debug("aioratelimit: release of lost lease %r: %r", self.name, exc)
             return
@@ -256,10 +259,10 @@ class Acquirable(Protocol):
     async def acquire(self, timeout: float | None = None) -> Lease: ...
 
 
-class Hold:
+class Hold(metaclass=NoPublicConstructor):
     """``async with arl.lock(...) as lease`` / ``arl.semaphore(...)``: acquire on entry,
     renew while the block runs, release on exit; a lost lease ends the block with
-    ``LockLost``."""
+    ``LockLost``. Made by ``arl.lock`` and ``arl.semaphore`` (``Hold._create``)."""
 
     __slots__ = ("_auto_renew", "_lease", "_owner", "_renewal", "_resource", "_timeout")
 

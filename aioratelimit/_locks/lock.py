@@ -17,7 +17,7 @@ connection while it waits.
 Cancellation: a cancelled or failed acquire may have reached the server with only its reply
 lost, so it is followed by a release with the same token; a cancelled release is sent again.
 Both run in a shielded task that the caller waits for, then the cancellation goes on. A
-release whose reply was lost is sent again too (``Backend.run_repeatable``).
+release whose reply was lost is sent again too (``Backend._run_repeatable``).
 
 Bounds: an acquire with ``timeout=t`` returns or raises within ``t`` plus the backend's
 ``timeout`` (one call in flight when ``t`` passes), whatever the network does; past that it
@@ -94,7 +94,7 @@ class _Resource:
                 keys,
                 owner_keys,
                 channel,
-                backend.publish_command,
+                backend._publish_command,
                 self._release_script,
                 self._extend_script,
             )
@@ -124,7 +124,7 @@ class _Resource:
         ttl = self.ttl
         args = self._acquire_args(token, to_ms(ttl))
         base = cancels()
-        notifier = backend.notifier
+        notifier = backend._notifier
         loop = asyncio.get_running_loop()
         # The bound of the whole call (see the module): None waits as long as it takes.
         limit = None if timeout is None else loop.time() + timeout + backend.timeout
@@ -153,7 +153,7 @@ class _Resource:
             ) from exc
         finally:
             notifier.depart(names.channel)
-        return Lease(backend, names, token, int(reply[1]), ttl, sent)
+        return Lease._create(backend, names, token, int(reply[1]), ttl, sent)
 
     async def _attempt(
         self,
@@ -166,7 +166,7 @@ class _Resource:
         """One acquire script; if it fails or is cancelled in flight, release its token
         (waiting for that at most until ``limit``, the acquire's bound)."""
         try:
-            reply = await backend.run(self._acquire_script, names.acquire_keys, args)
+            reply = await backend._run(self._acquire_script, names.acquire_keys, args)
             cancel_requested(base)
             return reply
         except BaseException:
@@ -181,7 +181,7 @@ class _Resource:
     async def _cleanup(self, backend: Backend, names: Names, token: str) -> None:
         args = names.release_args(token, self.ttl)
         try:
-            await backend.run_repeatable(names.release, names.owner_keys, args)
+            await backend._run_repeatable(names.release, names.owner_keys, args)
         except AioRateLimitError as exc:  # the TTL frees it in the end
             log.debug("aioratelimit: release after a failed acquire of %r: %r", self.name, exc)
 
@@ -198,7 +198,7 @@ class _Resource:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         channel = names.channel
-        notifier = backend.notifier
+        notifier = backend._notifier
         sub = notifier.subscribe(channel)
         woken = False
         try:
@@ -241,14 +241,14 @@ class Lock(_Resource):
         super().__init__(name, ttl, backend)
 
     def _build_keys(self, backend: Backend) -> tuple[list[str], list[str], str]:
-        key, channel = _keys.lock(backend.head(_keys.LOCK_KIND), self.name)
+        key, channel = _keys.lock(backend._head(_keys.LOCK_KIND), self.name)
         return [key], [key], channel
 
     async def locked(self) -> bool:
         """Whether anyone holds the lock now."""
         backend = self._backend or get_backend()
         keys = self._names(backend).owner_keys
-        return bool(await backend.run(_scripts.LOCK_LOCKED, keys, ()) == 1)
+        return bool(await backend._run(_scripts.LOCK_LOCKED, keys, ()) == 1)
 
     def __repr__(self) -> str:
         return f"<Lock {self.name!r} ttl={self.ttl}>"
@@ -274,7 +274,7 @@ class Semaphore(_Resource):
         self.limit = check_int(limit, "limit")
 
     def _build_keys(self, backend: Backend) -> tuple[list[str], list[str], str]:
-        holders, fences, channel = _keys.semaphore(backend.head(_keys.SEMAPHORE_KIND), self.name)
+        holders, fences, channel = _keys.semaphore(backend._head(_keys.SEMAPHORE_KIND), self.name)
         return [holders, fences], [holders, fences], channel
 
     def _acquire_args(self, token: str, ttl_ms: int) -> tuple[Arg, ...]:
@@ -284,7 +284,7 @@ class Semaphore(_Resource):
         """How many leases hold a slot now."""
         backend = self._backend or get_backend()
         keys = self._names(backend).acquire_keys[:1]
-        return int(await backend.run(_scripts.SEMAPHORE_HOLDERS, keys, ()))
+        return int(await backend._run(_scripts.SEMAPHORE_HOLDERS, keys, ()))
 
     async def locked(self) -> bool:
         """Whether all ``limit`` slots are held now (an acquire would wait)."""
@@ -308,7 +308,7 @@ def lock(
     extended every ttl/3 while the block runs; if it is lost anyway, the block is cancelled
     and ``LockLost`` raised out of the ``async with``.
     """
-    return Hold(Lock(name, ttl, backend), timeout, auto_renew)
+    return Hold._create(Lock(name, ttl, backend), timeout, auto_renew)
 
 
 def semaphore(
@@ -321,4 +321,4 @@ def semaphore(
 ) -> Hold:
     """``async with arl.semaphore(name, limit=5) as lease:`` runs the block as one of at most
     ``limit`` holders; otherwise exactly like ``lock``."""
-    return Hold(Semaphore(name, limit, ttl, backend), timeout, auto_renew)
+    return Hold._create(Semaphore(name, limit, ttl, backend), timeout, auto_renew)

@@ -13,11 +13,8 @@ from redis import exceptions as redis_errors
 
 from .. import _observe
 from .._errors import AioRateLimitError, BackendError, BackendUnavailable
-from .._scripts import Arg, Reply, Script, ScriptCall
+from .._scripts import Arg, OnCall, Reply, Script, ScriptCall
 from .notify import Notifier
-
-#: Observes every script call of a Redis store once it is over (``from_url(on_call=)``).
-OnCall = Callable[[ScriptCall], None]
 
 #: Defaults of what ``Backend.from_url`` builds.
 DEFAULT_MAX_CONNECTIONS = 64

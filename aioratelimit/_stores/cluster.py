@@ -44,9 +44,9 @@ from redis import exceptions as redis_errors
 from redis.crc import key_slot
 
 from .._aio import Gate, Keeper
-from .._scripts import Arg, Reply, Script
+from .._scripts import Arg, OnCall, Reply, Script
 from .._urls import Address, parse_hosts
-from .base import DEFAULT_CONNECT_TIMEOUT, OnCall, observed, translate
+from .base import DEFAULT_CONNECT_TIMEOUT, observed, translate
 from .cluster_pubsub import ShardedPubSub
 from .endpoint import Endpoint, endpoint
 from .notify import Notifier

@@ -19,7 +19,7 @@ again on a new one.
 
 Usage, race-free because the subscription is confirmed before the retry::
 
-    async with backend.notifier.subscribe(channel) as sub:
+    async with backend._notifier.subscribe(channel) as sub:
         while not await try_once():
             await sub.wait(timeout)          # True when woken, False on timeout
 """

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from .._scripts import OnCall
 from .._urls import parse_hosts
-from .base import OnCall
 from .endpoint import Endpoint, endpoint
 from .pubsub import DedicatedPubSub
 from .standalone import OnLoop, RedisStore

@@ -26,13 +26,12 @@ from typing import Any
 
 from .._aio import Gate, Keeper
 from .._errors import BackendError
-from .._scripts import Arg, Reply, Script
+from .._scripts import Arg, OnCall, Reply, Script
 from .base import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_TIMEOUT,
     REDIS_PY,
     TRANSLATED,
-    OnCall,
     observed,
     translate,
     valkey_errors,

@@ -29,6 +29,7 @@ from .._backend import Backend
 from .._errors import BackendUnavailable, IdempotencyKeyMismatch
 from .._idempotency.results import JSON, RECORD_OVERHEAD, Codec, Serializer
 from .._idempotency.store import MAX_RESULT_BYTES, Claimed, IdempotencyStore, InProgress, Replay
+from .._public import NoPublicConstructor
 from .answers import UNAVAILABLE_RETRY_AFTER, OutageLog
 from .idempotency import (
     MAX_IDEMPOTENCY_KEY,
@@ -50,7 +51,7 @@ R = TypeVar("R")
 CODEC_CACHE = 64
 
 
-class IdempotentRequest:
+class IdempotentRequest(metaclass=NoPublicConstructor):
     """The value of ``Depends(IdempotencyKey(...))``: ``await idem.run(fn, *args)`` runs
     ``fn`` once per key, or returns the result the first request with the key stored.
 
@@ -78,7 +79,7 @@ class IdempotentRequest:
     async def run(self, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run ``fn(*args, **kwargs)`` for the first request with this key and store its
         result; for a retry, return that result (rebuilt into ``fn``'s return annotation)."""
-        codec = self._owner.codec(fn)
+        codec = self._owner._codec(fn)
         codec.check()  # a return type JSON cannot hold: TypeError before fn runs
         if self._payload is not None:
             return cast(R, codec.replay(self.key or "", self._payload))
@@ -98,6 +99,16 @@ class IdempotentRequest:
 
     def __repr__(self) -> str:
         return f"<IdempotentRequest key={self.key!r} replayed={self.replayed}>"
+
+
+class _InstanceSignature:
+    """``__signature__`` read on an instance gives that instance's own signature (its
+    ``_signature``); read on the class, None, so ``inspect.signature(IdempotencyKey)``
+    falls back to ``__init__`` (a slot of that name answered a member descriptor there,
+    which ``inspect`` refuses)."""
+
+    def __get__(self, obj: IdempotencyKey | None, owner: type | None = None) -> Any:
+        return None if obj is None else obj._signature
 
 
 class IdempotencyKey:
@@ -121,11 +132,11 @@ class IdempotencyKey:
     """
 
     __slots__ = (
-        "__signature__",
         "_codecs",
         "_max_result_bytes",
         "_outage",
         "_retry_unavailable",
+        "_signature",
         "client",
         "fail_open",
         "fingerprint",
@@ -186,9 +197,12 @@ class IdempotencyKey:
                     annotation=Any,
                 )
             )
-        self.__signature__ = inspect.Signature(params)
+        self._signature = inspect.Signature(params)
 
-    def codec(self, fn: Callable[..., Any]) -> Codec:
+    #: What FastAPI reads as the dependency's parameters: this instance's signature.
+    __signature__ = _InstanceSignature()
+
+    def _codec(self, fn: Callable[..., Any]) -> Codec:
         """The codec of ``fn`` (its return annotation read once)."""
         codec = self._codecs.get(fn)
         if codec is None:
@@ -204,7 +218,7 @@ class IdempotencyKey:
         if not values:
             if self.required:
                 raise ProblemException(400, "this request needs an Idempotency-Key header")
-            yield IdempotentRequest(self, None)
+            yield IdempotentRequest._create(self, None)
             return
         idem = parse_idempotency_key(values[0]) if len(values) == 1 else None
         if idem is None:
@@ -233,7 +247,7 @@ class IdempotencyKey:
                 raise unavailable("idempotency", self._retry_unavailable) from exc
             outcome = None
         if outcome is None:
-            yield IdempotentRequest(self, None)
+            yield IdempotentRequest._create(self, None)
         elif isinstance(outcome, InProgress):
             raise ProblemException(
                 409,
@@ -242,12 +256,12 @@ class IdempotencyKey:
             )
         elif isinstance(outcome, Replay):
             response.headers["Idempotent-Replayed"] = "true"
-            yield IdempotentRequest(self, idem, payload=outcome.payload)
+            yield IdempotentRequest._create(self, idem, payload=outcome.payload)
         else:
             # Leaving the block without a stored result (the endpoint raised, or never
             # called run) releases the key.
             async with self.store.running(outcome):
-                yield IdempotentRequest(self, idem, claimed=outcome)
+                yield IdempotentRequest._create(self, idem, claimed=outcome)
 
     def __repr__(self) -> str:
         return f"<IdempotencyKey {self.store!r} required={self.required}>"

@@ -48,7 +48,7 @@ PROGRAM = textwrap.dedent(
         waiter = asyncio.ensure_future(lock.acquire(timeout=10))
         # Released once the waiter sleeps on its subscription (tests/support/pace.py's asleep, not
         # importable here): a fixed pause could end before it even tried.
-        subs = (backend or arl.get_backend()).notifier._subs
+        subs = (backend or arl.get_backend())._notifier._subs
         for _ in range(10_000):
             if waiter.done() or any(s._waiter is not None for e in subs.values() for s in e):
                 break

@@ -212,11 +212,11 @@ async def test_a_renewal_refused_is_a_lost_lease(
     telemetry: Telemetry, store: arl.Backend, key: str
 ) -> None:
     """A lease taken away under its block: its renewal is refused and the lease is lost."""
-    record = _keys.lock(store.head(_keys.LOCK_KIND), key)[0]
+    record = _keys.lock(store._head(_keys.LOCK_KIND), key)[0]
 
     async def held() -> None:
         async with arl.lock(key, ttl=0.3, backend=store):
-            await store.run(arl._scripts.DELETE, [record], ())
+            await store._run(arl._scripts.DELETE, [record], ())
             await asyncio.sleep(1)
 
     with pytest.raises(arl.LockLost):

@@ -26,7 +26,7 @@ from aioratelimit._idempotency.store import Claimed, IdempotencyStore, InProgres
 
 
 def record_key(backend: arl.Backend, key: str, name: str | None = None) -> str:
-    return _keys.idempotency(backend.head(_keys.IDEMPOTENCY_KIND, name), key)[0]
+    return _keys.idempotency(backend._head(_keys.IDEMPOTENCY_KIND, name), key)[0]
 
 
 async def test_first_call_runs_and_later_calls_replay(backend: arl.Backend, key: str) -> None:
@@ -157,7 +157,7 @@ async def test_raising_function_stores_nothing_and_frees_the_key(
 
     with pytest.raises(ConnectionError):
         await flaky()
-    assert await backend.run(_scripts.DELETE, [record_key(backend, key)], []) == 0
+    assert await backend._run(_scripts.DELETE, [record_key(backend, key)], []) == 0
     assert await flaky() == 2
     assert await flaky() == 2
 
@@ -225,7 +225,7 @@ async def test_stale_decorated_call_does_not_overwrite_the_new_owner(
     @arl.idempotent(key=lambda: key, backend=backend)
     async def work() -> str:
         # The lease "passes" (the record vanishes) and another caller claims the key.
-        await backend.run(_scripts.DELETE, [record_key(backend, key)], [])
+        await backend._run(_scripts.DELETE, [record_key(backend, key)], [])
         taken.append(await other.claim(key))
         return "late"
 
@@ -506,7 +506,7 @@ def test_four_processes_run_the_body_once(
 async def test_claim_cancelled_after_the_script_ran_frees_the_key(key: str) -> None:
     """A claim cancelled while its reply is in flight releases what it may hold at once."""
     async with arl.Backend.from_url("memory://") as backend:
-        inner = backend.run
+        inner = backend._run
         ran = asyncio.Event()
 
         async def slow_reply(script: Any, keys: Any, args: Any) -> Any:
@@ -516,7 +516,7 @@ async def test_claim_cancelled_after_the_script_ran_frees_the_key(key: str) -> N
                 await asyncio.sleep(60)  # the reply is "lost" here
             return reply
 
-        backend.run = slow_reply
+        backend._run = slow_reply
         store = IdempotencyStore(backend, lease=60.0)
         task = asyncio.create_task(store.claim(key))
         await asyncio.wait_for(ran.wait(), 10)
@@ -532,14 +532,14 @@ async def test_result_is_returned_when_it_cannot_be_stored(
 ) -> None:
     """If storing the result fails, the caller still gets it and the key is released."""
     async with arl.Backend.from_url("memory://") as backend:
-        inner = backend.run
+        inner = backend._run
 
         async def no_complete(script: Any, keys: Any, args: Any) -> Any:
             if script is _scripts.IDEM_COMPLETE:
                 raise arl.BackendUnavailable("Redis did not answer in time")
             return await inner(script, keys, args)
 
-        backend.run = no_complete
+        backend._run = no_complete
         runs = 0
 
         @arl.idempotent(key=lambda: key, backend=backend)

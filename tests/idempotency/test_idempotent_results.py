@@ -137,8 +137,8 @@ async def test_a_late_annotation_is_checked_before_the_first_run(
     finally:
         del globals()["Later"]
     assert runs == 0
-    record = _keys.idempotency(backend.head(_keys.IDEMPOTENCY_KIND, None), key)[0]
-    assert await backend.run(_scripts.DELETE, [record], []) == 0  # nothing was claimed
+    record = _keys.idempotency(backend._head(_keys.IDEMPOTENCY_KIND, None), key)[0]
+    assert await backend._run(_scripts.DELETE, [record], []) == 0  # nothing was claimed
 
 
 async def test_a_result_that_cannot_be_stored_never_runs_twice(

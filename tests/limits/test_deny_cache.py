@@ -45,7 +45,7 @@ class Counting:
         self.denied = 0
         #: (when the denied call started, on the deny cache's clock; its retry_after in s)
         self.denials: list[tuple[float, float]] = []
-        inner = backend.run
+        inner = backend._run
 
         async def run(script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
             started = time.monotonic()
@@ -57,7 +57,7 @@ class Counting:
                     self.denials.append((started, reply[4] / 1e6))
             return reply
 
-        backend.run = run
+        backend._run = run
 
 
 async def cached_denial(limiter: arl.Limiter, key: str, limit: int) -> arl.Decision:
@@ -227,17 +227,17 @@ async def test_a_lost_subscriber_connection_voids_the_cache(
     async with arl.Backend.from_url(own_redis.url) as backend:
         limiter = arl.FixedWindow("1/hour", backend=backend, deny_cache=10)
         await cached_denial(limiter, key, 1)
-        epoch = backend.notifier.epoch
+        epoch = backend._notifier.epoch
         admin = redis.Redis(port=own_redis.port, socket_timeout=10)
         try:
             assert admin.client_kill_filter(_type="pubsub") >= 1
         finally:
             admin.close()
         for _ in range(500):  # the reader notices within its 1 s read timeout
-            if backend.notifier.epoch != epoch:
+            if backend._notifier.epoch != epoch:
                 break
             await asyncio.sleep(0.01)
-        assert backend.notifier.epoch != epoch
+        assert backend._notifier.epoch != epoch
         counting = Counting(backend)
         d = await limiter.hit(key)
         assert (d.allowed, d.source) == (False, "redis")

@@ -55,15 +55,15 @@ class Call:
 
 
 def record(backend: arl.Backend, into: list[Call]) -> None:
-    """Wrap ``backend.run`` so every script run lands in ``into``."""
-    inner = backend.run
+    """Wrap ``backend._run`` so every script run lands in ``into``."""
+    inner = backend._run
 
     async def run(script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         reply = await inner(script, keys, args)
         into.append(Call(script, list(keys), list(args), _ints(reply)))
         return reply
 
-    backend.run = run
+    backend._run = run
 
 
 def _now(reply: list[int]) -> int:
@@ -246,7 +246,7 @@ class LuaAgainstMemory(RuleBasedStateMachine):
         assert last == outcome
         for call in calls:
             self.times.append(call.reply[5])
-            reply = self.run(self.memory.run(call.script, call.keys, call.args))
+            reply = self.run(self.memory._run(call.script, call.keys, call.args))
             assert _ints(reply) == call.reply, f"{on_server!r}.acquire({key!r}, {cost}): {call}"
 
     @invariant()

@@ -33,22 +33,22 @@ def build(request: pytest.FixtureRequest) -> Build:
 
 
 class Calls:
-    """Wraps ``backend.run`` to keep the name of every script run."""
+    """Wraps ``backend._run`` to keep the name of every script run."""
 
     def __init__(self, backend: arl.Backend) -> None:
         self.names: list[str] = []
-        inner = backend.run
+        inner = backend._run
 
         async def run(script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
             self.names.append(script.name)
             return await inner(script, keys, args)
 
-        backend.run = run
+        backend._run = run
 
 
 def ttls(backend: arl.Backend, sync_redis: redis.Redis, fragment: str) -> dict[str, int]:
     """PTTL (ms) of every key of this test (its user key in the name), on either store."""
-    store = backend.store
+    store = backend._store
     keyspace = getattr(store, "keyspace", None)
     if keyspace is not None:  # memory://: an expiry or none (-1)
         return {k: 1 if k in keyspace.exp else -1 for k in keyspace.data if fragment in k}

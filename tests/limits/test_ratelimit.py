@@ -2,7 +2,7 @@
 fixture (memory://, a Redis server, a Redis Cluster, a Sentinel master).
 
 Timing-sensitive checks read the clock the decision used (``now_us``, the last field of
-every limiter script's raw reply) through a wrapper around ``backend.run``, and sleep
+every limiter script's raw reply) through a wrapper around ``backend._run``, and sleep
 only with generous margins, so they hold on a loaded machine.
 """
 
@@ -43,18 +43,18 @@ RESETS = ("delete", "rate_invalidate")
 
 
 class Recorder:
-    """Wraps ``backend.run`` to keep every raw script reply (the last field is now_us)."""
+    """Wraps ``backend._run`` to keep every raw script reply (the last field is now_us)."""
 
     def __init__(self, backend: arl.Backend) -> None:
         self.calls: list[tuple[str, list[Arg], Any]] = []
-        inner = backend.run
+        inner = backend._run
 
         async def run(script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
             reply = await inner(script, keys, args)
             self.calls.append((script.name, list(args), reply))
             return reply
 
-        backend.run = run
+        backend._run = run
 
     def admitted(self) -> list[tuple[int, int]]:
         """(now_us, cost) of every admitted limiter hit (peeks excluded), by server time: a
@@ -590,8 +590,8 @@ async def test_same_rate_unnamed_limiters_share_counts(
 
 async def test_prefix_separates_backends(backend: arl.Backend, make: Make, key: str) -> None:
     """Backends with different prefixes on one store share no state; the same prefix does."""
-    other = arl.Backend._of(backend.store, prefix=f"other-{uuid.uuid4().hex[:6]}", url=backend.url)
-    same = arl.Backend._of(backend.store, prefix=backend.prefix, url=backend.url)
+    other = arl.Backend._of(backend._store, prefix=f"other-{uuid.uuid4().hex[:6]}", url=backend.url)
+    same = arl.Backend._of(backend._store, prefix=backend.prefix, url=backend.url)
     assert (await make("1/hour", backend).hit(key)).allowed
     assert not (await make("1/hour", same).hit(key)).allowed  # the control
     assert (await make("1/hour", other).hit(key)).allowed

@@ -24,11 +24,11 @@ from aioratelimit import _keys, _scripts
 
 
 def lock_keys(backend: arl.Backend, name: str) -> tuple[str, str]:
-    return _keys.lock(backend.head(_keys.LOCK_KIND), name)
+    return _keys.lock(backend._head(_keys.LOCK_KIND), name)
 
 
 async def delete(backend: arl.Backend, *keys: str) -> None:
-    await backend.run(_scripts.DELETE, list(keys), ())
+    await backend._run(_scripts.DELETE, list(keys), ())
 
 
 # -- mutual exclusion ---------------------------------------------------------------------
@@ -137,23 +137,23 @@ async def test_scripts_are_safe_to_send_twice(backend: arl.Backend, key: str) ->
     """A re-sent acquire returns the same fence; a re-sent release answers 'already
     released'; another token is refused; a late acquire of a released token takes nothing."""
     k, channel = lock_keys(backend, key)
-    wake = [channel, backend.publish_command]
-    first = await backend.run(_scripts.LOCK_ACQUIRE, [k], ["a" * 32, 10_000])
-    again = await backend.run(_scripts.LOCK_ACQUIRE, [k], ["a" * 32, 10_000])
+    wake = [channel, backend._publish_command]
+    first = await backend._run(_scripts.LOCK_ACQUIRE, [k], ["a" * 32, 10_000])
+    again = await backend._run(_scripts.LOCK_ACQUIRE, [k], ["a" * 32, 10_000])
     assert first[0] == again[0] == 1
     assert first[1] == again[1]
-    other = await backend.run(_scripts.LOCK_ACQUIRE, [k], ["b" * 32, 10_000])
+    other = await backend._run(_scripts.LOCK_ACQUIRE, [k], ["b" * 32, 10_000])
     assert other[0] == 0
     assert 9_000 < other[1] <= 10_000  # the holder's PTTL, for the waiter's fallback timer
-    assert await backend.run(_scripts.LOCK_EXTEND, [k], ["b" * 32, 10_000]) == 0
-    assert await backend.run(_scripts.LOCK_RELEASE, [k], ["b" * 32, 10_000, *wake]) == -1
-    assert await backend.run(_scripts.LOCK_EXTEND, [k], ["a" * 32, 10_000]) == 1
-    assert await backend.run(_scripts.LOCK_RELEASE, [k], ["a" * 32, 10_000, *wake]) == 1
-    assert await backend.run(_scripts.LOCK_RELEASE, [k], ["a" * 32, 10_000, *wake]) == 2
-    assert (await backend.run(_scripts.LOCK_ACQUIRE, [k], ["a" * 32, 10_000]))[0] == 0
-    assert await backend.run(_scripts.LOCK_LOCKED, [k], ()) == 0
-    assert await backend.run(_scripts.LOCK_RELEASE, [k], ["c" * 32, 10_000, *wake]) == 0
-    third = await backend.run(_scripts.LOCK_ACQUIRE, [k], ["b" * 32, 10_000])
+    assert await backend._run(_scripts.LOCK_EXTEND, [k], ["b" * 32, 10_000]) == 0
+    assert await backend._run(_scripts.LOCK_RELEASE, [k], ["b" * 32, 10_000, *wake]) == -1
+    assert await backend._run(_scripts.LOCK_EXTEND, [k], ["a" * 32, 10_000]) == 1
+    assert await backend._run(_scripts.LOCK_RELEASE, [k], ["a" * 32, 10_000, *wake]) == 1
+    assert await backend._run(_scripts.LOCK_RELEASE, [k], ["a" * 32, 10_000, *wake]) == 2
+    assert (await backend._run(_scripts.LOCK_ACQUIRE, [k], ["a" * 32, 10_000]))[0] == 0
+    assert await backend._run(_scripts.LOCK_LOCKED, [k], ()) == 0
+    assert await backend._run(_scripts.LOCK_RELEASE, [k], ["c" * 32, 10_000, *wake]) == 0
+    third = await backend._run(_scripts.LOCK_ACQUIRE, [k], ["b" * 32, 10_000])
     assert third[0] == 1
     assert third[1] > first[1]
     await delete(backend, k)
@@ -163,7 +163,7 @@ async def test_every_key_written_expires(redis_url: str, key: str) -> None:
     """The lock's one key carries a TTL while held and as a tombstone after release."""
     async with arl.Backend.from_url(redis_url) as backend:
         k, _ = lock_keys(backend, key)
-        client: Any = backend.store.client  # type: ignore[attr-defined]
+        client: Any = backend._store.client  # type: ignore[attr-defined]
         lease = await arl.Lock(key, ttl=5, backend=backend).acquire()
         assert 0 < await client.pttl(k) <= 5000
         await lease.release()
@@ -232,7 +232,7 @@ async def test_a_release_whose_reply_is_lost_is_sent_again_on_every_backend(
         else arl.Semaphore(key, limit=1, ttl=30, backend=backend)
     )
     lease = await resource.acquire(timeout=0)
-    run = backend.run
+    run = backend._run
     sent: list[Any] = []
 
     async def lossy(script: _scripts.Script, keys: Any, args: Any) -> Any:
@@ -243,11 +243,11 @@ async def test_a_release_whose_reply_is_lost_is_sent_again_on_every_backend(
                 raise arl.BackendUnavailable("the reply was lost (injected)")
         return reply
 
-    backend.run = lossy
+    backend._run = lossy
     try:
         await lease.release()
     finally:
-        backend.run = run
+        backend._run = run
     assert sent == [_scripts.Released.RELEASED, _scripts.Released.RELEASED_BEFORE]
     again = await resource.acquire(timeout=0)
     await again.release()
@@ -648,22 +648,22 @@ def _script_calls(
 ) -> dict[str, tuple[Any, list[str], list[Any]]]:
     """The scripts of a lock or semaphore named ``name`` and their keys and fixed arguments."""
     if kind == "lock":
-        k, channel = _keys.lock(backend.head(_keys.LOCK_KIND), name)
+        k, channel = _keys.lock(backend._head(_keys.LOCK_KIND), name)
         keys = [k]
         return {
             "acquire": (_scripts.LOCK_ACQUIRE, keys, [60_000]),
-            "release": (_scripts.LOCK_RELEASE, keys, [60_000, channel, backend.publish_command]),
+            "release": (_scripts.LOCK_RELEASE, keys, [60_000, channel, backend._publish_command]),
             "extend": (_scripts.LOCK_EXTEND, keys, [60_000]),
             "state": (_scripts.LOCK_LOCKED, keys, []),
         }
-    holders, fences, channel = _keys.semaphore(backend.head(_keys.SEMAPHORE_KIND), name)
+    holders, fences, channel = _keys.semaphore(backend._head(_keys.SEMAPHORE_KIND), name)
     keys = [holders, fences]
     return {
         "acquire": (_scripts.SEMAPHORE_ACQUIRE, keys, [60_000, 2]),
         "release": (
             _scripts.SEMAPHORE_RELEASE,
             keys,
-            [60_000, channel, backend.publish_command],
+            [60_000, channel, backend._publish_command],
         ),
         "extend": (_scripts.SEMAPHORE_EXTEND, keys, [60_000]),
         "state": (_scripts.SEMAPHORE_HOLDERS, keys[:1], []),
@@ -693,7 +693,7 @@ async def test_memory_twins_answer_like_the_lua_scripts(
             for side, b in sides.items():
                 script, keys, extra = calls[side][op]
                 args = extra if op == "state" else [token, *extra]
-                reply = await b.run(script, keys, args)
+                reply = await b._run(script, keys, args)
                 if op == "acquire":
                     got, value = int(reply[0]), int(reply[1])
                     again = False

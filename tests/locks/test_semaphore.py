@@ -18,7 +18,7 @@ from aioratelimit import _keys, _scripts
 
 
 def sem_keys(backend: arl.Backend, name: str) -> tuple[str, str, str]:
-    return _keys.semaphore(backend.head(_keys.SEMAPHORE_KIND), name)
+    return _keys.semaphore(backend._head(_keys.SEMAPHORE_KIND), name)
 
 
 async def test_never_more_than_limit_holders(backend: arl.Backend, key: str) -> None:
@@ -60,7 +60,7 @@ async def test_fences_increase_across_holders_expiry_and_deletion(
     await b.release()
     await c.release()
     await d.release()
-    await backend.run(_scripts.DELETE, [sem_keys(backend, key)[1]], ())
+    await backend._run(_scripts.DELETE, [sem_keys(backend, key)[1]], ())
     e = await sem.acquire(timeout=0)
     await e.release()
     fences = [x.fencing_token for x in (a, b, c, short, d, e)]
@@ -126,38 +126,38 @@ async def test_scripts_are_safe_to_send_twice(backend: arl.Backend, key: str) ->
     answers 'already released'; a late acquire of a released token takes nothing."""
     holders, fences, channel = sem_keys(backend, key)
     keys = [holders, fences]
-    wake = [channel, backend.publish_command]
-    first = await backend.run(_scripts.SEMAPHORE_ACQUIRE, keys, ["a" * 32, 10_000, 2])
-    again = await backend.run(_scripts.SEMAPHORE_ACQUIRE, keys, ["a" * 32, 10_000, 2])
+    wake = [channel, backend._publish_command]
+    first = await backend._run(_scripts.SEMAPHORE_ACQUIRE, keys, ["a" * 32, 10_000, 2])
+    again = await backend._run(_scripts.SEMAPHORE_ACQUIRE, keys, ["a" * 32, 10_000, 2])
     assert (first[0], again[0], first[1]) == (1, 1, again[1])
-    assert await backend.run(_scripts.SEMAPHORE_HOLDERS, keys[:1], ()) == 1
-    second = await backend.run(_scripts.SEMAPHORE_ACQUIRE, keys, ["b" * 32, 10_000, 2])
+    assert await backend._run(_scripts.SEMAPHORE_HOLDERS, keys[:1], ()) == 1
+    second = await backend._run(_scripts.SEMAPHORE_ACQUIRE, keys, ["b" * 32, 10_000, 2])
     assert second[0] == 1
-    full = await backend.run(_scripts.SEMAPHORE_ACQUIRE, keys, ["c" * 32, 10_000, 2])
+    full = await backend._run(_scripts.SEMAPHORE_ACQUIRE, keys, ["c" * 32, 10_000, 2])
     assert full[0] == 0
     assert 9_000 < full[1] <= 10_000  # until the soonest holder expires
-    assert await backend.run(_scripts.SEMAPHORE_EXTEND, keys, ["c" * 32, 10_000]) == 0
-    assert await backend.run(_scripts.SEMAPHORE_EXTEND, keys, ["a" * 32, 10_000]) == 1
-    assert await backend.run(_scripts.SEMAPHORE_RELEASE, keys, ["a" * 32, 10_000, *wake]) == 1
-    assert await backend.run(_scripts.SEMAPHORE_RELEASE, keys, ["a" * 32, 10_000, *wake]) == 2
-    assert (await backend.run(_scripts.SEMAPHORE_ACQUIRE, keys, ["a" * 32, 10_000, 2]))[0] == 0
-    assert await backend.run(_scripts.SEMAPHORE_RELEASE, keys, ["d" * 32, 10_000, *wake]) == 0
-    assert await backend.run(_scripts.SEMAPHORE_HOLDERS, keys[:1], ()) == 1
-    await backend.run(_scripts.DELETE, keys, ())
+    assert await backend._run(_scripts.SEMAPHORE_EXTEND, keys, ["c" * 32, 10_000]) == 0
+    assert await backend._run(_scripts.SEMAPHORE_EXTEND, keys, ["a" * 32, 10_000]) == 1
+    assert await backend._run(_scripts.SEMAPHORE_RELEASE, keys, ["a" * 32, 10_000, *wake]) == 1
+    assert await backend._run(_scripts.SEMAPHORE_RELEASE, keys, ["a" * 32, 10_000, *wake]) == 2
+    assert (await backend._run(_scripts.SEMAPHORE_ACQUIRE, keys, ["a" * 32, 10_000, 2]))[0] == 0
+    assert await backend._run(_scripts.SEMAPHORE_RELEASE, keys, ["d" * 32, 10_000, *wake]) == 0
+    assert await backend._run(_scripts.SEMAPHORE_HOLDERS, keys[:1], ()) == 1
+    await backend._run(_scripts.DELETE, keys, ())
 
 
 async def test_every_key_written_expires(redis_url: str, key: str) -> None:
     """The holders ZSET and the fences hash carry a TTL while held and after release."""
     async with arl.Backend.from_url(redis_url) as backend:
         holders, fences, _ = sem_keys(backend, key)
-        client: Any = backend.store.client  # type: ignore[attr-defined]
+        client: Any = backend._store.client  # type: ignore[attr-defined]
         lease = await arl.Semaphore(key, ttl=5, backend=backend).acquire()
         assert 0 < await client.pttl(holders) <= 5000
         assert 0 < await client.pttl(fences) <= 5000
         await lease.release()
         assert 0 < await client.pttl(holders) <= 5000
         assert 0 < await client.pttl(fences) <= 5000
-        await backend.run(_scripts.DELETE, [holders, fences], ())
+        await backend._run(_scripts.DELETE, [holders, fences], ())
 
 
 async def test_200_random_cancellations_leave_no_slot_held(backend: arl.Backend, key: str) -> None:
@@ -190,7 +190,7 @@ async def test_lost_slot_cancels_the_block(backend: arl.Backend, key: str) -> No
 
     async def wipe() -> None:
         await entered.wait()  # only once the slot is held (as in test_locks.py)
-        await backend.run(_scripts.DELETE, list(sem_keys(backend, key)[:2]), ())
+        await backend._run(_scripts.DELETE, list(sem_keys(backend, key)[:2]), ())
 
     async def block() -> None:
         async with arl.semaphore(key, limit=2, ttl=0.6, backend=backend):

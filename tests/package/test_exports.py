@@ -10,6 +10,7 @@ import pytest
 from support import jobs
 
 import aioratelimit as arl
+import aioratelimit.testing
 
 #: The core of the public contract: names users program against, which never change.
 CONTRACT = {
@@ -65,6 +66,9 @@ def test_every_error_is_exported() -> None:
 
 #: Extensions of the contract, each documented in docs/ (instrumentation: docs/metrics.md).
 EXTENSIONS = {"Recorder", "set_recorder", "ScriptCall"}
+#: The type aliases of the public signatures, for users' own annotations: the rates of a
+#: limiter, ``on_call=`` of ``Backend.from_url``, ``Breaker.on_change``'s listener.
+ALIASES = {"RateLike", "OnCall", "BreakerListener"}
 
 
 def test_the_extensions_are_exported() -> None:
@@ -72,6 +76,13 @@ def test_the_extensions_are_exported() -> None:
     module of its own: it needs the ``[otel]`` extra)."""
     assert EXTENSIONS - set(arl.__all__) == set()
     assert "otel" not in arl.__all__
+
+
+def test_the_aliases_of_the_signatures_are_exported() -> None:
+    """The aliases users meet in public signatures are in ``__all__`` (``OnCall`` in
+    ``aioratelimit.testing``'s too, for ``memory_backend(on_call=)``)."""
+    assert ALIASES - set(arl.__all__) == set()
+    assert "OnCall" in aioratelimit.testing.__all__
 
 
 def test_the_api_contract_is_exported() -> None:

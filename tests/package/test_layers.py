@@ -33,6 +33,7 @@ FLOORS: list[tuple[str, set[str]]] = [
             "_urls",
             "_aio",
             "_observe",
+            "_public",
         },
     ),
 ]
@@ -152,10 +153,12 @@ def test_there_is_no_cycle_between_rooms() -> None:
 
 
 def test_ls_shows_the_architecture() -> None:
-    """The package's top holds about 25 entries: faces, wing folders and leaves."""
+    """The package's top holds about 25 entries: faces, wing folders and leaves, and
+    ``lua``, the link to the repository's scripts (``_scripts`` reads them there)."""
     entries = [p for p in PACKAGE.iterdir() if p.name != "__pycache__"]
     assert len(entries) <= 25, sorted(p.name for p in entries)
-    assert {p.name for p in entries if p.is_dir()} == {
+    assert (PACKAGE / "lua").is_symlink()
+    assert {p.name for p in entries if p.is_dir() and not p.is_symlink()} == {
         "_cli",
         "_web",
         "_limits",

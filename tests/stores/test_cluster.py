@@ -49,7 +49,7 @@ def raw_cluster(url: str, **options: Any) -> RedisCluster:
 
 
 async def publish(backend: arl.Backend, tag: str, channel: str) -> None:
-    await backend.run(PUBLISH, [f"arl:test:{{{tag}}}"], [backend.publish_command, channel])
+    await backend._run(PUBLISH, [f"arl:test:{{{tag}}}"], [backend._publish_command, channel])
 
 
 def user_key_in_slot(slot: int) -> str:
@@ -76,14 +76,14 @@ async def cluster_backend(cluster_url: str) -> AsyncIterator[arl.Backend]:
 def test_cluster_url_lists_startup_nodes() -> None:
     """A redis+cluster:// URL becomes a RedisCluster with every listed host as startup node."""
     backend = arl.Backend.from_url("redis+cluster://u:p%40ss@10.0.0.1:7000,10.0.0.2,[::1]:7002")
-    store = backend.store
+    store = backend._store
     assert isinstance(store, ClusterStore)
     client = store.cluster
     assert isinstance(client, RedisCluster)
     names = {node.name for node in client.startup_nodes}
     assert names == {"10.0.0.1:7000", "10.0.0.2:6379", "::1:7002"}
     assert client.get_connection_kwargs()["password"] == "p@ss"
-    assert backend.publish_command == "SPUBLISH"
+    assert backend._publish_command == "SPUBLISH"
 
 
 @pytest.mark.parametrize(
@@ -114,7 +114,7 @@ async def test_sentinel_url_builds_a_master_client(sentinel_url: str) -> None:
         limiter = arl.FixedWindow("2/minute", backend=backend)
         key = uuid.uuid4().hex
         assert [(await limiter.hit(key)).allowed for _ in range(3)] == [True, True, False]
-        assert backend.publish_command == "PUBLISH"
+        assert backend._publish_command == "PUBLISH"
     finally:
         await backend.aclose()
 
@@ -124,7 +124,7 @@ async def test_backend_wraps_an_application_cluster_client(cluster_url: str) -> 
     client = raw_cluster(cluster_url)
     try:
         backend = arl.Backend(client)
-        assert isinstance(backend.store, ClusterStore)
+        assert isinstance(backend._store, ClusterStore)
         limiter = arl.FixedWindow("3/minute", backend=backend)
         key = uuid.uuid4().hex
         assert [(await limiter.hit(key)).remaining for _ in range(3)] == [2, 1, 0]
@@ -257,7 +257,7 @@ async def test_sharded_wake_up_reaches_waiters_on_every_master(
     SPUBLISH, through one subscriber connection per master."""
     tags = [uuid.uuid4().hex[:10] for _ in range(30)]
     channels = {tag: f"arl:test:{{{tag}}}:wake" for tag in tags}
-    notifier = cluster_backend.notifier
+    notifier = cluster_backend._notifier
     subs = [notifier.subscribe(channels[tag]) for tag in tags]
     for sub in subs:
         await sub.__aenter__()
@@ -280,7 +280,7 @@ async def test_plain_publish_wakes_waiters_through_sentinel(sentinel_url: str) -
     try:
         tag = uuid.uuid4().hex
         channel = f"arl:test:{{{tag}}}:wake"
-        async with backend.notifier.subscribe(channel) as sub:
+        async with backend._notifier.subscribe(channel) as sub:
             await publish(backend, tag, channel)
             assert await sub.wait(10.0)
     finally:
@@ -319,7 +319,7 @@ async def test_slot_migration_ask_then_moved(own_cluster: RedisClusterDeployment
         limiter = arl.FixedWindow("10/hour", backend=backend)
         assert [(await limiter.hit(key)).remaining for _ in range(3)] == [9, 8, 7]
         channel = f"arl:test:{{{key}}}:wake"
-        async with backend.notifier.subscribe(channel) as sub:
+        async with backend._notifier.subscribe(channel) as sub:
             with redis.Redis(port=target) as t, redis.Redis(port=source) as s:
                 t.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", _node_id(source))
                 s.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", _node_id(target))

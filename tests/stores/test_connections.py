@@ -74,7 +74,7 @@ async def test_no_reply_ever_reaches_another_call(own_redis: RedisServer) -> Non
     async with arl.Backend.from_url(own_redis.url, max_connections=3) as backend:
 
         async def call(i: int) -> None:
-            assert await backend.run(ECHO, [f"k{i}"], [str(i)]) == [
+            assert await backend._run(ECHO, [f"k{i}"], [str(i)]) == [
                 f"k{i}".encode(),
                 str(i).encode(),
             ]
@@ -102,12 +102,12 @@ async def test_script_error_keeps_the_connection(own_redis: RedisServer) -> None
 
     try:
         async with arl.Backend.from_url(own_redis.url, max_connections=1) as backend:
-            await backend.run(ECHO, ["k"], ["1"])
+            await backend._run(ECHO, ["k"], ["1"])
             opened = received()
             for _ in range(5):
                 with pytest.raises(arl.BackendError, match="test failure"):
-                    await backend.run(FAIL, ["k"], [])
-                assert await backend.run(ECHO, ["k"], ["2"]) == [b"k", b"2"]
+                    await backend._run(FAIL, ["k"], [])
+                assert await backend._run(ECHO, ["k"], ["2"]) == [b"k", b"2"]
             assert received() == opened
     finally:
         inspector.close()
@@ -116,10 +116,10 @@ async def test_script_error_keeps_the_connection(own_redis: RedisServer) -> None
 async def test_aclose_lets_the_calls_in_flight_finish_then_closes(own_redis: RedisServer) -> None:
     """A call in flight when the backend closes gets its reply; then no connection is left."""
     backend = arl.Backend.from_url(own_redis.url)
-    await asyncio.gather(*(backend.run(ECHO, ["k"], [str(i)]) for i in range(8)))
+    await asyncio.gather(*(backend._run(ECHO, ["k"], [str(i)]) for i in range(8)))
     assert _clients(own_redis) == 1
     slow = script("test_slow", "local t = redis.call('TIME') return 1")
-    busy = asyncio.ensure_future(backend.run(slow, ["k"], []))
+    busy = asyncio.ensure_future(backend._run(slow, ["k"], []))
     await asyncio.sleep(0)  # the call is on the wire
     await backend.aclose()
     assert await busy == 1
@@ -166,11 +166,11 @@ async def test_a_crowd_shares_one_connection_and_its_writes(
     inspector = own_redis.client()
     try:
         async with arl.Backend.from_url(own_redis.url, client_name="crowd") as backend:
-            await backend.run(ECHO, ["warm"], ["0"])
+            await backend._run(ECHO, ["warm"], ["0"])
             opened = inspector.info("stats")["total_connections_received"]
             _CountingTransport.writes = 0
             replies = await asyncio.gather(
-                *(backend.run(ECHO, [f"k{i}"], [str(i)]) for i in range(500))
+                *(backend._run(ECHO, [f"k{i}"], [str(i)]) for i in range(500))
             )
             assert replies == [[f"k{i}".encode(), str(i).encode()] for i in range(500)]
             # The first command at once, then one write per chunk, the last at the end.
@@ -188,17 +188,18 @@ async def test_cancelled_callers_never_cost_the_shared_connection(own_redis: Red
     rng = random.Random(3)
     try:
         async with arl.Backend.from_url(own_redis.url) as backend:
-            await backend.run(ECHO, ["warm"], ["0"])
+            await backend._run(ECHO, ["warm"], ["0"])
             opened = inspector.info("stats")["total_connections_received"]
             for _ in range(20):
                 tasks = [
-                    asyncio.ensure_future(backend.run(ECHO, [f"k{i}"], [str(i)])) for i in range(50)
+                    asyncio.ensure_future(backend._run(ECHO, [f"k{i}"], [str(i)]))
+                    for i in range(50)
                 ]
                 await asyncio.sleep(0)
                 for task in rng.sample(tasks, 25):
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
-            assert await backend.run(ECHO, ["k"], ["last"]) == [b"k", b"last"]
+            assert await backend._run(ECHO, ["k"], ["last"]) == [b"k", b"last"]
             assert inspector.info("stats")["total_connections_received"] == opened
     finally:
         inspector.close()
@@ -210,11 +211,11 @@ async def test_noscript_is_answered_per_call_in_a_crowd(own_redis: RedisServer) 
     inspector = own_redis.client()
     try:
         async with arl.Backend.from_url(own_redis.url, client_name="flushed") as backend:
-            await backend.run(ECHO, ["warm"], ["0"])
+            await backend._run(ECHO, ["warm"], ["0"])
             for _ in range(3):
                 inspector.script_flush()
                 replies = await asyncio.gather(
-                    *(backend.run(ECHO, [f"k{i}"], [str(i)]) for i in range(100))
+                    *(backend._run(ECHO, [f"k{i}"], [str(i)]) for i in range(100))
                 )
                 assert replies == [[f"k{i}".encode(), str(i).encode()] for i in range(100)]
             assert _clients(own_redis, "flushed") == 1
@@ -258,7 +259,7 @@ async def test_on_call_reports_every_call_without_its_keys(own_redis: RedisServe
         limiter = arl.FixedWindow("10/minute", backend=backend)
         await limiter.hit("secret-user-key")
         with pytest.raises(arl.BackendError):
-            await backend.run(FAIL, ["k"], [])
+            await backend._run(FAIL, ["k"], [])
     assert [c.script for c in calls] == ["fixed_window", "test_fail"]
     assert all(c.server == f"127.0.0.1:{own_redis.port}" for c in calls)
     assert all(c.duration_ns > 0 and c.start_ns > 0 for c in calls)

@@ -170,7 +170,7 @@ async def run_scenario(
     woken_after = None
     # A waiter on the victim's shard, subscribed before the kill and kept across it.
     probe = f"arl:probe:{{{lock_name}}}:wake"
-    sub = backend.notifier.subscribe(probe)
+    sub = backend._notifier.subscribe(probe)
     await sub.__aenter__()
     try:
         await asyncio.sleep(1.0)  # every primitive running before the kill

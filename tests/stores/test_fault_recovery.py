@@ -294,7 +294,7 @@ async def test_a_half_open_subscriber_is_noticed_and_subscribed_again(
     and a message published after that wakes the waiter (not its fallback timer)."""
     channel = f"{key}-channel"
     async with _backend(proxy.url) as backend:
-        notifier = backend.notifier
+        notifier = backend._notifier
         notifier.check_every = 0.2
         with _admin(own_redis) as admin:
             async with notifier.subscribe(channel) as sub:
@@ -323,7 +323,7 @@ async def test_probes_keep_a_healthy_subscriber(
     never takes a healthy subscriber for a broken one (each connection's answer is
     counted: on a cluster, one per master), and the release still wakes the waiter."""
     caplog.set_level(logging.DEBUG, logger="aioratelimit")
-    backend.notifier.check_every = 0.1
+    backend._notifier.check_every = 0.1
     lock = arl.Lock(key, ttl=30, backend=backend)
     holder = await lock.acquire(timeout=0)
     waiter = asyncio.ensure_future(lock.acquire(timeout=HANG))
@@ -376,4 +376,4 @@ async def test_only_releases_are_sent_again() -> None:
     assert repeatable == {"lock_release", "semaphore_release", "idem_release"}
     async with arl.Backend.from_url("memory://") as backend:
         with pytest.raises(ValueError, match="not safe to send twice"):
-            await backend.run_repeatable(_scripts.FIXED_WINDOW, ["k"], [1])
+            await backend._run_repeatable(_scripts.FIXED_WINDOW, ["k"], [1])

@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import product
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar, NamedTuple
 from unittest import mock
@@ -65,7 +66,7 @@ from aioratelimit import _keys
 from aioratelimit._cli import admin as _admin
 from aioratelimit._idempotency.store import Claimed, IdempotencyStore, _fingerprint
 from aioratelimit._idempotency.tokens import _subject
-from aioratelimit._scripts import SCRIPTS, Arg, Reply, Script
+from aioratelimit._scripts import HELPERS, SCRIPTS, Arg, Reply, Script
 from aioratelimit._stores.memory.keyspace import Keyspace, expired
 from aioratelimit._stores.memory.store import MemoryStore, twins
 
@@ -954,6 +955,37 @@ def test_every_script_has_a_twin_and_every_twin_a_script() -> None:
     """The memory store answers every registered script, and has no twin of a script
     that does not exist."""
     assert set(twins()) == set(SCRIPTS)
+
+
+#: The repository's Lua files.
+LUA = Path(__file__).resolve().parents[2] / "lua"
+#: Lua in which any use of ``redis`` fails: the helper files load without it.
+NO_REDIS = "redis = setmetatable({}, {__index = function(_, k) error('redis.' .. k) end})"
+
+
+def lua_file(name: str) -> str:
+    return (LUA / f"{name}.lua").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("helper", HELPERS)
+def test_a_helper_file_only_defines_functions(helper: str) -> None:
+    """Loading a helper does nothing: no command, no read of KEYS or ARGV (nil here), no
+    global, no reply. Only the scripts it is read in front of act, through its functions."""
+    from lupa import lua51  # type: ignore[import-untyped]
+
+    lua = lua51.LuaRuntime()
+    lua.execute(NO_REDIS)
+    names = set(lua.globals())
+    assert lua.execute(lua_file(helper)) is None
+    assert set(lua.globals()) == names
+
+
+def test_every_lua_file_is_a_script_or_a_helper() -> None:
+    """Each file in ``lua/`` is a registered script, or a helper some script reads first."""
+    files = {path.stem for path in LUA.glob("*.lua")}
+    assert files == set(SCRIPTS) | set(HELPERS)
+    for helper in HELPERS:
+        assert any(s.source.startswith(lua_file(helper)) for s in SCRIPTS.values()), helper
 
 
 #: (expiry ms, ttl ms): at the last, fakeredis's float ``now + 1 / 1000.0`` lands below the

@@ -70,7 +70,7 @@ async def asleep(
     on it), or once ``waiter``, the task that waits, has ended without sleeping (an error):
     what a test that times a wake-up waits for, instead of a fixed pause that may end
     before the waiters sleep or long after."""
-    subs = backend.notifier._subs
+    subs = backend._notifier._subs
 
     def asleep_or_ended() -> bool:
         if waiter is not None and waiter.done():

@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from ..._scripts import SCRIPTS, Arg, Reply, Script
-from ..base import OnCall, observed
+from ..._scripts import SCRIPTS, Arg, OnCall, Reply, Script
+from ..base import observed
 from ..notify import Notifier
 from . import (
     idempotency as memory_idempotency,

@@ -1,0 +1,51 @@
+"""What makes a face's names public: their ``__module__``, and classes users get but never build.
+
+Each face (``aioratelimit``, ``.asgi``, ``.fastapi``, ``.testing``, ``.otel``) ends with
+``publish(__name__, __all__)``: every class and function it exports then names the face as
+its module (anyio's and httpcore's way), so a repr, a traceback, ``help()`` and pickle say
+``aioratelimit.FixedWindow``, not the private module it is written in.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from types import FunctionType
+from typing import Any, NoReturn, TypeVar
+
+T = TypeVar("T")
+
+
+def _private(module: str) -> bool:
+    return any(part.startswith("_") for part in module.split("."))
+
+
+def publish(face: str, names: Iterable[str]) -> None:
+    """Make ``face`` the ``__module__`` of each class and function it exports as ``names``.
+
+    A name whose module is public already keeps it: one defined in a face, or one two faces
+    export, which belongs to the face imported first (``aioratelimit.fastapi`` imports
+    ``aioratelimit.asgi`` first, so the web names they share are ``aioratelimit.asgi``'s).
+    Type aliases and constants have no module of their own and are left as they are.
+    """
+    namespace = vars(sys.modules[face])
+    for name in names:
+        obj = namespace[name]
+        if isinstance(obj, type | FunctionType) and _private(obj.__module__):
+            obj.__module__ = face
+
+
+class NoPublicConstructor(type):
+    """The metaclass of a class users receive from the package and never build themselves
+    (a ``Lease``: what it is made of is internal). Calling the class raises ``TypeError``;
+    the package makes one with ``cls._create(...)``, which runs ``__init__`` as usual.
+    (trio's ``NoPublicConstructor``.)"""
+
+    def __call__(cls, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError(
+            f"{cls.__module__}.{cls.__qualname__} has no public constructor:"
+            " the package hands one out"
+        )
+
+    def _create(cls: type[T], *args: Any, **kwargs: Any) -> T:
+        return super().__call__(*args, **kwargs)  # type: ignore[misc, no-any-return]
