@@ -60,22 +60,22 @@ class Fallback:
         return f"Fallback({self.share!r})"
 
 
-Policy = Literal["raise", "allow", "deny"] | Fallback
+#: What ``on_unavailable=`` takes: ``"raise"``, ``"allow"``, ``"deny"`` or a ``Fallback``.
+OnUnavailable = Literal["raise", "allow", "deny"] | Fallback
 
 
-def check_policy(policy: object) -> Policy:
-    if isinstance(policy, Fallback):
-        return policy
-    if not isinstance(policy, str):
+def check_on_unavailable(value: object, words: tuple[str, ...] = POLICIES) -> OnUnavailable:
+    """``value`` if it is one of ``words`` or a ``Fallback`` (a web face takes fewer words)."""
+    if isinstance(value, Fallback):
+        return value
+    choices = ", ".join(repr(w) for w in words)
+    if not isinstance(value, str):
         raise TypeError(
-            "on_unavailable must be 'raise', 'allow', 'deny' or a Fallback,"
-            f" not {type(policy).__name__}"
+            f"on_unavailable must be {choices} or a Fallback, not {type(value).__name__}"
         )
-    if policy not in POLICIES:
-        raise ValueError(
-            f"on_unavailable must be 'raise', 'allow', 'deny' or a Fallback, got {policy!r}"
-        )
-    return policy  # type: ignore[return-value]
+    if value not in words:
+        raise ValueError(f"on_unavailable must be {choices} or a Fallback, got {value!r}")
+    return value  # type: ignore[return-value]
 
 
 class Breaker:
