@@ -63,8 +63,9 @@ def test_every_error_is_exported() -> None:
     assert all(getattr(arl, name) is not None for name in seen)
 
 
-#: Extensions of the contract, each documented in docs/ (instrumentation: docs/metrics.md).
-EXTENSIONS = {"Recorder", "set_recorder", "ScriptCall"}
+#: Extensions of the contract, each documented in docs/ (instrumentation: docs/metrics.md;
+#: the type of ``on_unavailable=``: docs/ratelimits.md).
+EXTENSIONS = {"Recorder", "set_recorder", "ScriptCall", "OnUnavailable"}
 
 
 def test_the_extensions_are_exported() -> None:
