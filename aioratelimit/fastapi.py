@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
+from typing import Literal
 
 from fastapi import Request, Response
 
@@ -103,8 +104,8 @@ class RateLimit:
     ``limiter``, which may be a function of the scope that picks the limiter (and the cost)
     per request: tiers. The policy is named ``policy_name``, else the limiter's ``name``,
     else ``"default"`` (give it a name of its own when the middleware limits the same route).
-    Backend unreachable: 503 with ``Retry-After``, or with ``on_unavailable="allow"`` (or
-    ``fail_open=True``) the endpoint runs, or with ``on_unavailable=Fallback(share)`` the
+    Backend unreachable: 503 with ``Retry-After``, or with ``on_unavailable="allow"`` the
+    endpoint runs, or with ``on_unavailable=Fallback(share)`` the
     request is counted in-process on ``share`` of the limits; a WARNING either way.
     ``breaker`` and ``shadow`` (never refuse; ``X-RateLimit-Shadow`` says what the limit
     said) are the middleware's options. ``respond(refusal)`` (sync or async) builds the 429/503
@@ -118,9 +119,9 @@ class RateLimit:
         "_outage",
         "_policy",
         "_retry_unavailable",
-        "fail_open",
         "key",
         "legacy_headers",
+        "on_unavailable",
         "plan",
         "respond",
     )
@@ -132,18 +133,17 @@ class RateLimit:
         key: KeyFunc | None = None,
         cost: int = 1,
         policy_name: str | None = None,
-        fail_open: bool = False,
         unavailable_retry_after: float = UNAVAILABLE_RETRY_AFTER,
         legacy_headers: bool = False,
         respond: RespondFunc | None = None,
-        on_unavailable: str | Fallback | None = None,
+        on_unavailable: Literal["deny", "allow"] | Fallback = "deny",
         breaker: Breaker | None = None,
         shadow: bool = False,
     ) -> None:
         self.key = check_key_func(key, "key") or client_ip()
         self.plan = Plan(limiter, self.key, cost, policy_name, "default")
-        self._policy = WebPolicy(on_unavailable, bool(fail_open), breaker, shadow)
-        self.fail_open = self._policy.fail_open
+        self._policy = WebPolicy(on_unavailable, breaker, shadow)
+        self.on_unavailable = on_unavailable
         self.legacy_headers = bool(legacy_headers)
         self.respond = check_respond(respond)
         self._retry_unavailable = seconds_header(unavailable_retry_after)
@@ -158,8 +158,8 @@ class RateLimit:
         try:
             decision = await self._policy.hit(pick.limiter, key, pick.cost)
         except BackendUnavailable as exc:
-            self._outage(exc, self.fail_open)
-            if self.fail_open:
+            self._outage(exc, self._policy.allow)
+            if self._policy.allow:
                 return None
             if self.respond is None:
                 raise unavailable("rate limit", self._retry_unavailable) from exc
@@ -193,7 +193,7 @@ class RateLimit:
         )
 
     def __repr__(self) -> str:
-        return f"<RateLimit {self.plan!r} fail_open={self.fail_open}>"
+        return f"<RateLimit {self.plan!r} on_unavailable={self.on_unavailable!r}>"
 
 
 class ConsumeToken:

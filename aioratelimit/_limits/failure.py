@@ -64,17 +64,19 @@ class Fallback:
 OnUnavailable = Literal["raise", "allow", "deny"] | Fallback
 
 
-def check_on_unavailable(value: object, words: tuple[str, ...] = POLICIES) -> OnUnavailable:
-    """``value`` if it is one of ``words`` or a ``Fallback`` (a web face takes fewer words)."""
-    if isinstance(value, Fallback):
+def check_on_unavailable(
+    value: object, words: tuple[str, ...] = POLICIES, *, fallback: bool = True
+) -> OnUnavailable:
+    """``value`` if it is one of ``words``, or a ``Fallback`` where one is taken (a web face
+    takes other words than a limiter)."""
+    if fallback and isinstance(value, Fallback):
         return value
-    choices = ", ".join(repr(w) for w in words)
+    names = [repr(w) for w in words] + (["a Fallback"] if fallback else [])
+    choices = ", ".join(names[:-1]) + " or " + names[-1]
     if not isinstance(value, str):
-        raise TypeError(
-            f"on_unavailable must be {choices} or a Fallback, not {type(value).__name__}"
-        )
+        raise TypeError(f"on_unavailable must be {choices}, not {type(value).__name__}")
     if value not in words:
-        raise ValueError(f"on_unavailable must be {choices} or a Fallback, got {value!r}")
+        raise ValueError(f"on_unavailable must be {choices}, got {value!r}")
     return value  # type: ignore[return-value]
 
 

@@ -271,12 +271,13 @@ class OutageLog:
         self._last = -math.inf
         self._suppressed = 0
 
-    def __call__(self, exc: BaseException, fail_open: bool) -> None:
+    def __call__(self, exc: BaseException, allowed: bool) -> None:
+        """Log ``exc``; ``allowed``: the request passes (``on_unavailable="allow"``)."""
         now = time.monotonic()
         if now - self._last < self._every:
             self._suppressed += 1
             return
-        action = "letting requests through (fail open)" if fail_open else "answering 503"
+        action = "letting requests through (fail open)" if allowed else "answering 503"
         more = (
             f" ({self._suppressed} more failures since the last line)" if self._suppressed else ""
         )

@@ -15,11 +15,13 @@ import inspect
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Literal
 
 from .._args import check_int, check_seconds
 from .._backend import Backend
 from .._errors import BackendUnavailable, IdempotencyKeyMismatch
 from .._idempotency.store import Claimed, IdempotencyStore, InProgress, Replay
+from .._limits.failure import check_on_unavailable
 from .answers import (
     UNAVAILABLE_RETRY_AFTER,
     OutageLog,
@@ -41,6 +43,10 @@ _BARE_KEY = re.compile(r"[!-~]{1,255}")
 # A Structured Field string (RFC 8941): printable ASCII, with \" and \\ escaped.
 _SF_STRING = re.compile(r'"((?:[ !#-\[\]-~]|\\["\\]){1,255})"')
 
+
+#: What ``on_unavailable=`` of the idempotency faces takes (no fallback: a key's record is
+#: either in the store or not known).
+WORDS = ("deny", "allow")
 
 #: Statuses stored (and replayed) by default: success, and 303 See Other, the answer of a
 #: completed POST that redirects. 4xx are not: 401, 403, 409 and 429 say nothing final
@@ -153,8 +159,9 @@ class IdempotencyMiddleware:
       at once. A response over ``max_response`` bytes is not stored either (logged).
     - The first request holds the key under a ``lease`` (seconds), renewed while it runs; if
       the process dies, the key is free once the lease has passed.
-    - Backend unreachable: ``503`` with ``Retry-After`` (fail closed), or with
-      ``fail_open=True`` the request runs unprotected; a WARNING either way.
+    - Backend unreachable: ``503`` with ``Retry-After`` (fail closed,
+      ``on_unavailable="deny"``), or with ``on_unavailable="allow"`` the request runs
+      unprotected; a WARNING either way.
     """
 
     __slots__ = (
@@ -165,11 +172,11 @@ class IdempotencyMiddleware:
         "_stored",
         "app",
         "client",
-        "fail_open",
         "fingerprint",
         "max_body",
         "max_response",
         "methods",
+        "on_unavailable",
         "store",
         "wait",
     )
@@ -188,7 +195,7 @@ class IdempotencyMiddleware:
         ttl: float = 86400.0,
         lease: float = 30.0,
         wait: float = 0.0,
-        fail_open: bool = False,
+        on_unavailable: Literal["deny", "allow"] = "deny",
         name: str = "http",
         unavailable_retry_after: float = UNAVAILABLE_RETRY_AFTER,
         stored: Iterable[int] | Callable[[int], bool] = STORED,
@@ -213,7 +220,7 @@ class IdempotencyMiddleware:
         self.max_body = check_int(max_body, "max_body", minimum=0)
         self.max_response = check_int(max_response, "max_response", minimum=0)
         self.wait = check_seconds(wait, "wait", allow_zero=True)
-        self.fail_open = bool(fail_open)
+        self.on_unavailable = check_on_unavailable(on_unavailable, WORDS, fallback=False)
         # Room for the head line (status and headers) on top of the body.
         self.store = IdempotencyStore(
             backend, ttl=ttl, lease=lease, name=name, max_bytes=self.max_response + (64 << 10)
@@ -278,8 +285,9 @@ class IdempotencyMiddleware:
             )
             return
         except BackendUnavailable as exc:
-            self._outage(exc, self.fail_open)
-            if self.fail_open:
+            allow = self.on_unavailable == "allow"
+            self._outage(exc, allow)
+            if allow:
                 await self.app(scope, replayed, send)
             else:
                 await send_problem(
@@ -318,7 +326,7 @@ class IdempotencyMiddleware:
                 await self.store.complete(claimed, recorder.payload())
             except BackendUnavailable as exc:
                 # The client has its response; a retry will run again once the lease passes.
-                self._outage(exc, self.fail_open)
+                self._outage(exc, self.on_unavailable == "allow")
 
     @staticmethod
     def _declared_length(scope: Scope) -> int:
@@ -337,7 +345,10 @@ class IdempotencyMiddleware:
 
     def __repr__(self) -> str:
         methods = ",".join(sorted(self.methods))
-        return f"<IdempotencyMiddleware {methods} {self.store!r} fail_open={self.fail_open}>"
+        return (
+            f"<IdempotencyMiddleware {methods} {self.store!r}"
+            f" on_unavailable={self.on_unavailable!r}>"
+        )
 
 
 def _replayer(body: bytes, receive: Receive) -> Receive:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, Literal, ParamSpec, TypeVar, cast
 
 from fastapi import Depends, Request, Response
 
@@ -29,9 +29,11 @@ from .._backend import Backend
 from .._errors import BackendUnavailable, IdempotencyKeyMismatch
 from .._idempotency.results import JSON, RECORD_OVERHEAD, Codec, Serializer
 from .._idempotency.store import MAX_RESULT_BYTES, Claimed, IdempotencyStore, InProgress, Replay
+from .._limits.failure import check_on_unavailable
 from .answers import UNAVAILABLE_RETRY_AFTER, OutageLog
 from .idempotency import (
     MAX_IDEMPOTENCY_KEY,
+    WORDS,
     FingerprintFunc,
     call_fingerprint,
     default_client,
@@ -55,7 +57,7 @@ class IdempotentRequest:
     ``fn`` once per key, or returns the result the first request with the key stored.
 
     ``key`` is the ``Idempotency-Key`` (``None`` when the request has none and the key is
-    optional, or when the backend is down and the dependency fails open: then ``run``
+    optional, or when the backend is down and ``on_unavailable="allow"``: then ``run``
     simply runs ``fn``); ``replayed`` tells whether this request is a retry being answered
     from the store.
     """
@@ -116,8 +118,8 @@ class IdempotencyKey:
       after waiting that long for its result);
     - if the endpoint raises, nothing is stored and the key is free at once; ``ttl``,
       ``lease``, ``serializer`` and ``max_result_bytes`` are ``@arl.idempotent``'s;
-    - backend unreachable: ``503`` with ``Retry-After``, or with ``fail_open=True`` the
-      endpoint runs unprotected; a WARNING either way.
+    - backend unreachable: ``503`` with ``Retry-After``, or with
+      ``on_unavailable="allow"`` the endpoint runs unprotected; a WARNING either way.
     """
 
     __slots__ = (
@@ -127,8 +129,8 @@ class IdempotencyKey:
         "_outage",
         "_retry_unavailable",
         "client",
-        "fail_open",
         "fingerprint",
+        "on_unavailable",
         "required",
         "serializer",
         "store",
@@ -147,7 +149,7 @@ class IdempotencyKey:
         wait: float = 0.0,
         serializer: Serializer = JSON,
         max_result_bytes: int = MAX_RESULT_BYTES,
-        fail_open: bool = False,
+        on_unavailable: Literal["deny", "allow"] = "deny",
         name: str = "route",
         backend: Backend | None = None,
         unavailable_retry_after: float = UNAVAILABLE_RETRY_AFTER,
@@ -164,7 +166,7 @@ class IdempotencyKey:
         self.wait = check_seconds(wait, "wait", allow_zero=True)
         self.serializer = serializer
         self._max_result_bytes = check_int(max_result_bytes, "max_result_bytes")
-        self.fail_open = bool(fail_open)
+        self.on_unavailable = check_on_unavailable(on_unavailable, WORDS, fallback=False)
         self.store = IdempotencyStore(
             backend, ttl=ttl, lease=lease, name=name, max_bytes=max_result_bytes + RECORD_OVERHEAD
         )
@@ -228,8 +230,9 @@ class IdempotencyKey:
                 " (method, path, query or body differ)",
             ) from None
         except BackendUnavailable as exc:
-            self._outage(exc, self.fail_open)
-            if not self.fail_open:
+            allow = self.on_unavailable == "allow"
+            self._outage(exc, allow)
+            if not allow:
                 raise unavailable("idempotency", self._retry_unavailable) from exc
             outcome = None
         if outcome is None:

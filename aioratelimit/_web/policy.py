@@ -2,7 +2,7 @@
 the FastAPI ``RateLimit`` dependency.
 
 ``on_unavailable`` is ``"deny"`` (503 with ``Retry-After``: the web default), ``"allow"``
-(the request passes unlimited; ``fail_open=True`` says the same) or a ``Fallback(share)``:
+(the request passes unlimited) or a ``Fallback(share)``:
 each limiter the layer uses gets an in-process twin with ``share`` of its limits, counted
 while the backend is unavailable. A ``breaker`` (given, or a default one with a fallback)
 keeps an outage from costing every request its timeout. ``shadow=True`` never refuses: a
@@ -30,11 +30,9 @@ MAX_FALLBACKS = 1024
 class WebPolicy:
     """One web layer's ``on_unavailable``, ``breaker`` and ``shadow`` options."""
 
-    __slots__ = ("_fallbacks", "_store", "breaker", "fail_open", "fallback", "shadow")
+    __slots__ = ("_fallbacks", "_store", "allow", "breaker", "fallback", "shadow")
 
-    def __init__(self, on_unavailable: Any, fail_open: bool, breaker: Any, shadow: Any) -> None:
-        if on_unavailable is None:
-            on_unavailable = "allow" if fail_open else "deny"
+    def __init__(self, on_unavailable: Any, breaker: Any, shadow: Any) -> None:
         if isinstance(on_unavailable, Fallback):
             self.fallback: Fallback | None = on_unavailable
         elif on_unavailable in ("deny", "allow"):
@@ -53,7 +51,7 @@ class WebPolicy:
         if not isinstance(shadow, bool):
             raise TypeError(f"shadow must be a bool, not {type(shadow).__name__}")
         #: "allow": pass unlimited when the backend is unavailable (and no fallback)
-        self.fail_open = on_unavailable == "allow"
+        self.allow = on_unavailable == "allow"
         if breaker is None and self.fallback is not None:
             breaker = Breaker(name="web")
         self.breaker: Breaker | None = breaker

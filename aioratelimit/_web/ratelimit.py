@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
 from .._errors import BackendUnavailable
 from .._limits.failure import Breaker, Fallback
@@ -99,8 +100,8 @@ class RateLimitMiddleware:
     429 or 503 instead: it returns any ASGI app, such as a Starlette ``Response``.
 
     When the backend is unreachable the request gets ``503`` with ``Retry-After`` (fail
-    closed, ``on_unavailable="deny"``), or with ``on_unavailable="allow"`` (or
-    ``fail_open=True``) passes unlimited, or with ``on_unavailable=Fallback(share)`` is
+    closed, ``on_unavailable="deny"``), or with ``on_unavailable="allow"`` passes
+    unlimited, or with ``on_unavailable=Fallback(share)`` is
     counted on an in-process limiter with ``share`` of the limits; either way a WARNING
     goes to the ``aioratelimit`` logger (at most one line per 10 s during an outage, with a
     count). ``breaker=Breaker(...)`` stops calling the backend for a cool-down after
@@ -117,8 +118,8 @@ class RateLimitMiddleware:
         "_retry_unavailable",
         "_rules",
         "app",
-        "fail_open",
         "legacy_headers",
+        "on_unavailable",
         "respond",
     )
 
@@ -130,13 +131,12 @@ class RateLimitMiddleware:
         key: KeyFunc | None = None,
         rules: Sequence[Rule] = (),
         exempt: Iterable[str] | str = (),
-        fail_open: bool = False,
         policy_name: str | None = None,
         cost: int = 1,
         unavailable_retry_after: float = UNAVAILABLE_RETRY_AFTER,
         legacy_headers: bool = False,
         respond: RespondFunc | None = None,
-        on_unavailable: str | Fallback | None = None,
+        on_unavailable: Literal["deny", "allow"] | Fallback = "deny",
         breaker: Breaker | None = None,
         shadow: bool = False,
     ) -> None:
@@ -149,8 +149,8 @@ class RateLimitMiddleware:
         if limiter is None and not rules:
             raise ValueError("RateLimitMiddleware needs a limiter, rules, or both")
         self.app = app
-        self._policy = WebPolicy(on_unavailable, bool(fail_open), breaker, shadow)
-        self.fail_open = self._policy.fail_open
+        self._policy = WebPolicy(on_unavailable, breaker, shadow)
+        self.on_unavailable = on_unavailable
         self.legacy_headers = bool(legacy_headers)
         self.respond = check_respond(respond)
         self._exempt = templates(exempt)
@@ -184,8 +184,8 @@ class RateLimitMiddleware:
         try:
             decision = await self._policy.hit(pick.limiter, key, pick.cost)
         except BackendUnavailable as exc:
-            self._outage(exc, self.fail_open)
-            if self.fail_open:
+            self._outage(exc, self._policy.allow)
+            if self._policy.allow:
                 await self.app(scope, receive, send)
             else:
                 detail = unavailable_detail("rate limit")
@@ -224,5 +224,5 @@ class RateLimitMiddleware:
         default = "-" if self._default is None else repr(self._default)
         return (
             f"<RateLimitMiddleware default={default} rules={len(self._rules)}"
-            f" exempt={len(self._exempt)} fail_open={self.fail_open}>"
+            f" exempt={len(self._exempt)} on_unavailable={self.on_unavailable!r}>"
         )

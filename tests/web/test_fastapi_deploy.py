@@ -262,13 +262,13 @@ def test_the_dependency_refuses_bad_options() -> None:
 
 
 async def test_the_dependency_fails_closed_or_open_when_redis_is_down(own_redis: Any) -> None:
-    """Redis stopped: 503 with Retry-After and no charge by default; fail_open=True
-    charges unprotected."""
+    """Redis stopped: 503 with Retry-After and no charge by default;
+    ``on_unavailable="allow"`` charges unprotected."""
     closed_backend = fresh_backend(own_redis.url)
     open_backend = fresh_backend(own_redis.url)
     charged: list[int] = []
     closed = payments_app(closed_backend, charged)
-    opened = payments_app(open_backend, charged, fail_open=True)
+    opened = payments_app(open_backend, charged, on_unavailable="allow")
     async with serving(closed, closed_backend) as c1, serving(opened, open_backend) as c2:
         own_redis.stop()
         down = await c1.post("/payments", json={"amount": 5}, headers=auth("tok-alice", "k"))

@@ -231,14 +231,15 @@ async def test_backend_down_fails_closed_with_503(
     assert "answering 503" in lines[0].getMessage()
 
 
-async def test_backend_down_fail_open_lets_requests_through(
+async def test_backend_down_allow_lets_requests_through(
     own_redis: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """fail_open=True: with the Redis server stopped every request runs, unannotated, and the
-    outage is logged."""
+    """on_unavailable="allow": with the Redis server stopped every request runs, unannotated,
+    and the outage is logged."""
     backend = fresh_backend(own_redis.url)
     app = Echo()
-    mw = RateLimitMiddleware(app, arl.FixedWindow("1/minute", backend=backend), fail_open=True)
+    limiter = arl.FixedWindow("1/minute", backend=backend)
+    mw = RateLimitMiddleware(app, limiter, on_unavailable="allow")
     with caplog.at_level(logging.WARNING, logger="aioratelimit"):
         async with serving(mw, backend) as client:
             own_redis.stop()
@@ -662,12 +663,12 @@ async def test_idempotency_backend_down_fails_closed_or_open(
     own_redis: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """With the Redis server stopped: 503 + Retry-After and nothing runs by default; with
-    fail_open=True the request runs unprotected; a WARNING either way."""
+    on_unavailable="allow" the request runs unprotected; a WARNING either way."""
     backend = fresh_backend(own_redis.url)
     open_backend = fresh_backend(own_redis.url)
     app = Payments()
     closed = IdempotencyMiddleware(app, backend=backend)
-    opened = IdempotencyMiddleware(app, backend=open_backend, fail_open=True)
+    opened = IdempotencyMiddleware(app, backend=open_backend, on_unavailable="allow")
     with caplog.at_level(logging.WARNING, logger="aioratelimit"):
         async with serving(closed, backend) as c1, serving(opened, open_backend) as c2:
             own_redis.stop()

@@ -14,8 +14,8 @@ from test_fastapi import limited_app
 from test_web import Echo
 
 import aioratelimit as arl
-from aioratelimit.asgi import RateLimitMiddleware
-from aioratelimit.fastapi import RateLimit
+from aioratelimit.asgi import IdempotencyMiddleware, RateLimitMiddleware
+from aioratelimit.fastapi import IdempotencyKey, RateLimit
 
 
 async def test_middleware_shadow_never_refuses(store_url: str) -> None:
@@ -85,3 +85,18 @@ def test_bad_web_options(options: dict[str, Any], exc: type[Exception]) -> None:
         RateLimitMiddleware(Echo(), limiter, **options)
     with pytest.raises(exc):
         RateLimit(limiter, **options)
+
+
+@pytest.mark.parametrize(
+    ("on_unavailable", "exc"),
+    [("raise", ValueError), ("maybe", ValueError), (arl.Fallback(0.5), TypeError), (1, TypeError)],
+)
+def test_idempotency_faces_take_deny_or_allow(on_unavailable: Any, exc: type[Exception]) -> None:
+    """The idempotency middleware and dependency take ``"deny"`` or ``"allow"`` only: a key
+    has no in-process twin to fall back on, and ``"raise"`` has no HTTP answer."""
+    with pytest.raises(exc, match="'deny' or 'allow'"):
+        IdempotencyMiddleware(Echo(), on_unavailable=on_unavailable)
+    with pytest.raises(exc, match="'deny' or 'allow'"):
+        IdempotencyKey(on_unavailable=on_unavailable)
+    assert IdempotencyMiddleware(Echo(), on_unavailable="allow").on_unavailable == "allow"
+    assert IdempotencyKey().on_unavailable == "deny"
