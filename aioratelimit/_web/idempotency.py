@@ -17,7 +17,7 @@ import re
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Literal
 
-from .._args import check_int, check_seconds
+from .._args import check_int, check_timeout
 from .._backend import Backend
 from .._errors import BackendUnavailable, IdempotencyKeyMismatch
 from .._idempotency.store import Claimed, IdempotencyStore, InProgress, Replay
@@ -74,6 +74,15 @@ def default_client() -> KeyFunc:
     """Whose keys a request's are: the authenticated user in ``scope["user"]`` (Starlette's
     ``AuthenticationMiddleware``), else the client's IP address."""
     return user_id(fallback=client_ip())
+
+
+def check_wait(wait: object) -> bool:
+    """``wait=`` of the idempotency faces: a bool (``timeout=`` bounds it), as everywhere."""
+    if not isinstance(wait, bool):
+        raise TypeError(
+            f"wait must be a bool (bound the wait with timeout=), not {type(wait).__name__}"
+        )
+    return wait
 
 
 def status_filter(stored: Iterable[int] | Callable[[int], bool]) -> Callable[[int], bool]:
@@ -151,8 +160,9 @@ class IdempotencyMiddleware:
 
     - ``400`` (problem+json) when the key is malformed, or missing on a path that requires
       it (``require=True``: every path; or a list of path templates);
-    - ``409`` with ``Retry-After`` while the first request with the key still runs (or, with
-      ``wait`` seconds > 0, after waiting that long for it to finish and replaying it);
+    - ``409`` with ``Retry-After`` while the first request with the key still runs; with
+      ``wait=True`` a duplicate waits for it to finish and gets its response, or the 409
+      once ``timeout`` seconds have passed (``None``: as long as the first one runs);
     - ``422`` when the key comes again with another method, path, query or body;
     - ``413`` when the body is over ``max_body`` bytes (never a silent bypass);
     - failures and responses outside ``stored`` are not stored: the key is free for a retry
@@ -178,6 +188,7 @@ class IdempotencyMiddleware:
         "methods",
         "on_unavailable",
         "store",
+        "timeout",
         "wait",
     )
 
@@ -194,7 +205,8 @@ class IdempotencyMiddleware:
         max_response: int = 1 << 20,
         ttl: float = 86400.0,
         lease: float = 30.0,
-        wait: float = 0.0,
+        wait: bool = False,
+        timeout: float | None = None,
         on_unavailable: Literal["deny", "allow"] = "deny",
         name: str = "http",
         unavailable_retry_after: float = UNAVAILABLE_RETRY_AFTER,
@@ -219,7 +231,8 @@ class IdempotencyMiddleware:
         self.client = default_client() if client is None else client
         self.max_body = check_int(max_body, "max_body", minimum=0)
         self.max_response = check_int(max_response, "max_response", minimum=0)
-        self.wait = check_seconds(wait, "wait", allow_zero=True)
+        self.wait = check_wait(wait)
+        self.timeout = check_timeout(timeout)
         self.on_unavailable = check_on_unavailable(on_unavailable, WORDS, fallback=False)
         # Room for the head line (status and headers) on top of the body.
         self.store = IdempotencyStore(
@@ -272,8 +285,8 @@ class IdempotencyMiddleware:
         fingerprint = await call_fingerprint(self.fingerprint, scope, body)
         replayed = _replayer(body, receive)
         try:
-            if self.wait > 0:
-                outcome = await self.store.wait(key, fingerprint, timeout=self.wait)
+            if self.wait:
+                outcome = await self.store.wait(key, fingerprint, timeout=self.timeout)
             else:
                 outcome = await self.store.claim(key, fingerprint)
         except IdempotencyKeyMismatch:

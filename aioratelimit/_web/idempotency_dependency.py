@@ -24,7 +24,7 @@ from typing import Any, Literal, ParamSpec, TypeVar, cast
 
 from fastapi import Depends, Request, Response
 
-from .._args import check_int, check_seconds
+from .._args import check_int, check_timeout
 from .._backend import Backend
 from .._errors import BackendUnavailable, IdempotencyKeyMismatch
 from .._idempotency.results import JSON, RECORD_OVERHEAD, Codec, Serializer
@@ -36,6 +36,7 @@ from .idempotency import (
     WORDS,
     FingerprintFunc,
     call_fingerprint,
+    check_wait,
     default_client,
     parse_idempotency_key,
     request_fingerprint,
@@ -114,8 +115,9 @@ class IdempotencyKey:
       it answers ``None``, ``client(scope)``: by default ``scope["user"]``, else the IP;
     - ``422`` when the key comes again with another ``fingerprint(scope, body)`` (by
       default the method, path, query string and body);
-    - ``409`` with ``Retry-After`` while the first request runs (or, with ``wait`` seconds,
-      after waiting that long for its result);
+    - ``409`` with ``Retry-After`` while the first request runs; with ``wait=True`` a
+      duplicate waits for its result, or gets the 409 once ``timeout`` seconds have passed
+      (``None``: as long as the first one runs);
     - if the endpoint raises, nothing is stored and the key is free at once; ``ttl``,
       ``lease``, ``serializer`` and ``max_result_bytes`` are ``@arl.idempotent``'s;
     - backend unreachable: ``503`` with ``Retry-After``, or with
@@ -134,6 +136,7 @@ class IdempotencyKey:
         "required",
         "serializer",
         "store",
+        "timeout",
         "wait",
     )
 
@@ -146,7 +149,8 @@ class IdempotencyKey:
         fingerprint: FingerprintFunc | None = None,
         ttl: float = 86400.0,
         lease: float = 30.0,
-        wait: float = 0.0,
+        wait: bool = False,
+        timeout: float | None = None,
         serializer: Serializer = JSON,
         max_result_bytes: int = MAX_RESULT_BYTES,
         on_unavailable: Literal["deny", "allow"] = "deny",
@@ -163,7 +167,8 @@ class IdempotencyKey:
         self.client = check_key_func(client, "client") or default_client()
         self.required = bool(required)
         self.fingerprint = fingerprint or request_fingerprint
-        self.wait = check_seconds(wait, "wait", allow_zero=True)
+        self.wait = check_wait(wait)
+        self.timeout = check_timeout(timeout)
         self.serializer = serializer
         self._max_result_bytes = check_int(max_result_bytes, "max_result_bytes")
         self.on_unavailable = check_on_unavailable(on_unavailable, WORDS, fallback=False)
@@ -219,8 +224,8 @@ class IdempotencyKey:
         key = f"{len(who)}:{who}:{idem}"
         fp = await call_fingerprint(self.fingerprint, request.scope, await request.body())
         try:
-            if self.wait > 0:
-                outcome = await self.store.wait(key, fp, timeout=self.wait)
+            if self.wait:
+                outcome = await self.store.wait(key, fp, timeout=self.timeout)
             else:
                 outcome = await self.store.claim(key, fp)
         except IdempotencyKeyMismatch:

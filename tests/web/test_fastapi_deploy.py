@@ -250,13 +250,15 @@ async def test_a_shaped_refusal_keeps_status_and_headers_without_the_handler() -
 
 
 def test_the_dependency_refuses_bad_options() -> None:
-    """Bad principal, fingerprint, serializer or limiter raise when built."""
+    """Bad principal, fingerprint, serializer, wait or limiter raise when built."""
     with pytest.raises(TypeError, match="principal"):
         IdempotencyKey(principal="me")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="fingerprint"):
         IdempotencyKey(fingerprint=1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="serializer"):
         IdempotencyKey(serializer=object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="wait must be a bool"):
+        IdempotencyKey(wait=5.0)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="or a function"):
         RateLimit("10/minute")  # type: ignore[arg-type]
 

@@ -13,7 +13,7 @@ import re
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from typing import Any
 
 import httpx
@@ -397,6 +397,10 @@ def test_bad_configuration_is_rejected_at_construction() -> None:
         path_param("id", "/orders/{order}")
     with pytest.raises(ValueError, match="does not appear to be"):
         client_ip(trusted_proxies=["not-a-network"])
+    with pytest.raises(TypeError, match="wait must be a bool"):
+        IdempotencyMiddleware(Echo(), wait=2.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout"):
+        IdempotencyMiddleware(Echo(), wait=True, timeout=-1)
 
 
 def import_the_package() -> subprocess.CompletedProcess[str]:
@@ -529,10 +533,11 @@ async def test_a_hundred_concurrent_duplicates_run_the_handler_once(store_url: s
 
 
 async def test_duplicates_may_wait_for_the_first_request(store_url: str) -> None:
-    """With wait= seconds, concurrent duplicates wait for the first and all get its response."""
+    """With wait=True (no timeout), concurrent duplicates wait for the first and all get
+    its response."""
     backend = fresh_backend(store_url)
     app = Payments()
-    mw = IdempotencyMiddleware(app, backend=backend, wait=10)
+    mw = IdempotencyMiddleware(app, backend=backend, wait=True)
     async with serving(mw, backend) as client:
         responses = await asyncio.gather(
             *(client.post("/pay?delay=0.3", content=b"w", headers=idem("w")) for _ in range(5))
@@ -541,6 +546,54 @@ async def test_duplicates_may_wait_for_the_first_request(store_url: str) -> None
     assert [r.status_code for r in responses] == [201] * 5
     assert sum("idempotent-replayed" in r.headers for r in responses) == 4
     assert len({r.content for r in responses}) == 1
+
+
+async def test_a_waiting_duplicate_gives_up_after_its_timeout(store_url: str, key: str) -> None:
+    """wait=True, timeout=0.05: a duplicate of a request that still runs gets the 409 once
+    its timeout has passed, and runs nothing; the first one then ends as usual."""
+    backend = fresh_backend(store_url)
+    started, release, calls = asyncio.Event(), asyncio.Event(), []
+
+    async def held(scope: Any, receive: Any, send: Any) -> None:
+        calls.append(await receive())
+        started.set()
+        await release.wait()
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"charged"})
+
+    mw = IdempotencyMiddleware(held, backend=backend, wait=True, timeout=0.05)
+
+    async def post() -> list[MutableMapping[str, Any]]:
+        sent: list[MutableMapping[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"x", "more_body": False}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/pay",
+            "query_string": b"",
+            "headers": [(b"idempotency-key", key.encode())],
+            "client": ("10.0.0.1", 1234),
+        }
+        await mw(scope, receive, send)
+        return sent
+
+    try:
+        first = asyncio.create_task(post())
+        async with asyncio.timeout(10):
+            await started.wait()
+            duplicate = await post()
+        assert duplicate[0]["status"] == 409
+        release.set()
+        assert (await first)[0]["status"] == 201
+        assert len(calls) == 1
+    finally:
+        await backend.aclose()
 
 
 async def test_the_same_key_with_another_request_is_422(store_url: str) -> None:
