@@ -16,8 +16,8 @@ alone never imports FastAPI. No dependency needs a ``request`` parameter in the 
     @app.post("/confirm")
     async def confirm(token: str = Depends(ConsumeToken(header="X-Token"))) -> dict[str, str]: ...
 
-``Depends(IdempotencyKey(principal=current_account))`` gives an ``IdempotentRequest``
-whose ``await idem.run(charge, ...)`` runs once per account and key (``_fastapi_idempotency``).
+``Depends(IdempotencyKey(client=Depends(current_account)))`` gives an ``IdempotentRequest``
+whose ``await idem.run(charge, ...)`` runs once per account and key.
 
 Rejections are raised as ``ProblemException`` (an ``HTTPException``): FastAPI's default
 handler answers ``{"detail": ...}`` as JSON with the status and headers; after
@@ -50,28 +50,28 @@ from ._web.answers import (
     seconds_header,
     unavailable_detail,
 )
-from ._web.idempotency_dependency import IdempotencyKey, IdempotentRequest
-from ._web.plans import Choice, LimiterFunc, Plan
-from ._web.policy import WebPolicy, shadow_fields
-from ._web.problems import ProblemException, add_problem_handler, unavailable
-from ._web.request_keys import (
-    KeyFunc,
-    check_key_func,
+from ._web.clients import (
+    ClientFunc,
+    check_client_func,
     client_ip,
     header,
     path_param,
     resolve,
     user_id,
 )
+from ._web.idempotency_dependency import IdempotencyKey, IdempotentRequest
+from ._web.plans import Choice, LimiterFunc, Plan
+from ._web.policy import WebPolicy, shadow_fields
+from ._web.problems import ProblemException, add_problem_handler, unavailable
 from ._web.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = [
     "ASGIApp",
     "Choice",
+    "ClientFunc",
     "ConsumeToken",
     "IdempotencyKey",
     "IdempotentRequest",
-    "KeyFunc",
     "LimiterFunc",
     "Message",
     "ProblemException",
@@ -94,13 +94,14 @@ RespondFunc = Callable[[Refusal], Response | Awaitable[Response]]
 
 
 class RateLimit:
-    """``Depends(RateLimit(limiter, key=client_ip()))``: one hit per request of the endpoint.
+    """``Depends(RateLimit(limiter, client=client_ip()))``: one hit per request of the
+    endpoint.
 
     Admitted: the response gets ``RateLimit-Policy`` and ``RateLimit`` fields (and with
     ``legacy_headers=True`` ``X-RateLimit-Limit``, ``-Remaining`` and ``-Reset``), and the
     dependency's value is the ``Decision``. Denied: ``ProblemException`` 429 with
-    ``Retry-After``, ``RateLimit-Policy`` and ``RateLimit``. ``key(scope)`` is the same kind
-    of key function the middleware takes (sync or async; ``None`` = not limited); so is
+    ``Retry-After``, ``RateLimit-Policy`` and ``RateLimit``. ``client(scope)`` is the same
+    kind of client function the middleware takes (sync or async; ``None`` = not limited); so is
     ``limiter``, which may be a function of the scope that picks the limiter (and the cost)
     per request: tiers. The policy is named ``policy_name``, else the limiter's ``name``,
     else ``"default"`` (give it a name of its own when the middleware limits the same route).
@@ -119,7 +120,7 @@ class RateLimit:
         "_outage",
         "_policy",
         "_retry_unavailable",
-        "key",
+        "client",
         "legacy_headers",
         "on_unavailable",
         "plan",
@@ -130,7 +131,7 @@ class RateLimit:
         self,
         limiter: Limiter | LimiterFunc,
         *,
-        key: KeyFunc | None = None,
+        client: ClientFunc | None = None,
         cost: int = 1,
         policy_name: str | None = None,
         unavailable_retry_after: float = UNAVAILABLE_RETRY_AFTER,
@@ -140,8 +141,8 @@ class RateLimit:
         breaker: Breaker | None = None,
         shadow: bool = False,
     ) -> None:
-        self.key = check_key_func(key, "key") or client_ip()
-        self.plan = Plan(limiter, self.key, cost, policy_name, "default")
+        self.client = check_client_func(client, "client") or client_ip()
+        self.plan = Plan(limiter, self.client, cost, policy_name, "default")
         self._policy = WebPolicy(on_unavailable, breaker, shadow)
         self.on_unavailable = on_unavailable
         self.legacy_headers = bool(legacy_headers)
@@ -152,7 +153,7 @@ class RateLimit:
     async def __call__(self, request: Request, response: Response) -> Decision | None:
         scope = request.scope
         pick = await self.plan.pick(scope)
-        key = None if pick is None else await resolve(pick.key, scope)
+        key = None if pick is None else await resolve(pick.client, scope)
         if pick is None or key is None:
             return None
         try:
@@ -202,7 +203,7 @@ class ConsumeToken:
 
     The token is read from request header ``header``, else from form field ``field`` (an
     urlencoded or multipart body; needs python-multipart). ``subject`` is ``None``, a string,
-    or a key function ``subject(scope)`` naming whom the token must have been issued for.
+    or a client function ``subject(scope)`` naming whom the token must have been issued for.
     The dependency's value is the token.
 
     Rejected — missing, malformed, unknown, expired, already used, or issued for another
@@ -218,7 +219,7 @@ class ConsumeToken:
         *,
         header: str | None = "X-Token",
         field: str | None = None,
-        subject: str | KeyFunc | None = None,
+        subject: str | ClientFunc | None = None,
         backend: Backend | None = None,
     ) -> None:
         if header is None and field is None:

@@ -29,8 +29,8 @@ from .answers import (
     send_problem,
     unavailable_detail,
 )
+from .clients import ClientFunc, check_client_func, client_ip, header_values, resolve, user_id
 from .records import Recorder, send_recorded
-from .request_keys import KeyFunc, check_key_func, client_ip, header_values, resolve, user_id
 from .routes import Template, matches_any, methods_of, route_path, templates
 from .types import ASGIApp, Message, Receive, Scope, Send
 
@@ -70,7 +70,7 @@ def request_fingerprint(scope: Scope, body: bytes) -> bytes:
     )
 
 
-def default_client() -> KeyFunc:
+def default_client() -> ClientFunc:
     """Whose keys a request's are: the authenticated user in ``scope["user"]`` (Starlette's
     ``AuthenticationMiddleware``), else the client's IP address."""
     return user_id(fallback=client_ip())
@@ -200,7 +200,7 @@ class IdempotencyMiddleware:
         methods: Iterable[str] = ("POST", "PATCH"),
         require: bool | Iterable[str] = False,
         exempt: Iterable[str] | str = (),
-        client: KeyFunc | None = None,
+        client: ClientFunc | None = None,
         max_body: int = 1 << 20,
         max_response: int = 1 << 20,
         ttl: float = 86400.0,
@@ -227,7 +227,7 @@ class IdempotencyMiddleware:
         else:
             self._require = templates(require)
         self._exempt = templates(exempt)
-        client = check_key_func(client, "client")
+        client = check_client_func(client, "client")
         self.client = default_client() if client is None else client
         self.max_body = check_int(max_body, "max_body", minimum=0)
         self.max_response = check_int(max_response, "max_response", minimum=0)

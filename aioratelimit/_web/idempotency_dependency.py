@@ -1,18 +1,18 @@
 """``Depends(IdempotencyKey(...))``: the ``Idempotency-Key`` of one FastAPI route.
 
 A dependency runs before the endpoint and never sees its response, so this one works on the
-endpoint's *result*: it reads and checks the key (400), scopes it per principal (the value
-of any FastAPI dependency, such as the route's own authentication: FastAPI auth never fills
-``scope["user"]``), binds it to the request's fingerprint (422) and claims it (409 while
-the first request runs). Its value, an ``IdempotentRequest``, runs the side effect once::
+endpoint's *result*: it reads and checks the key (400), scopes it per client (a client
+function, or the value of any FastAPI dependency, such as the route's own authentication:
+FastAPI auth never fills ``scope["user"]``), binds it to the request's fingerprint (422)
+and claims it (409 while the first request runs). Its value, an ``IdempotentRequest``, runs
+the side effect once::
 
     return await idem.run(charge, account, payment)
 
-The first request runs ``charge`` and stores its result (``_results.Codec``: pydantic models
-and dataclasses included); a retry gets that result back without running anything, and
-FastAPI turns it into the same response, marked ``Idempotent-Replayed: true``. Reads the
-ASGI middleware's key parsing and fingerprint (``_asgi_idempotency``); ``fastapi.py``
-re-exports both classes.
+The first request runs ``charge`` and stores its result (pydantic models and dataclasses
+included); a retry gets that result back without running anything, and FastAPI turns it
+into the same response, marked ``Idempotent-Replayed: true``. The key is parsed and the
+request fingerprinted as the ASGI middleware does.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal, ParamSpec, TypeVar, cast
 
-from fastapi import Depends, Request, Response
+from fastapi import Request, Response, params
 
 from .._args import check_int, check_timeout
 from .._backend import Backend
@@ -31,6 +31,7 @@ from .._idempotency.results import JSON, RECORD_OVERHEAD, Codec, Serializer
 from .._idempotency.store import MAX_RESULT_BYTES, Claimed, IdempotencyStore, InProgress, Replay
 from .._limits.failure import check_on_unavailable
 from .answers import UNAVAILABLE_RETRY_AFTER, OutageLog
+from .clients import ClientFunc, check_client_func, identity, resolve
 from .idempotency import (
     MAX_IDEMPOTENCY_KEY,
     WORDS,
@@ -42,7 +43,6 @@ from .idempotency import (
     request_fingerprint,
 )
 from .problems import ProblemException, unavailable
-from .request_keys import KeyFunc, check_key_func, identity, resolve
 
 log = logging.getLogger("aioratelimit")
 
@@ -104,15 +104,18 @@ class IdempotentRequest:
 
 
 class IdempotencyKey:
-    """``Depends(IdempotencyKey(principal=current_account))``: ``Idempotency-Key`` for one
-    route; the dependency's value is an ``IdempotentRequest`` (see the module docstring).
+    """``Depends(IdempotencyKey(client=Depends(current_account)))``: ``Idempotency-Key``
+    for one route; the dependency's value is an ``IdempotentRequest`` (see the module
+    docstring).
 
     - ``400`` when the key is malformed, or missing and ``required`` (the default; with
       ``required=False`` a request without a key runs unprotected);
-    - the key is scoped per principal: the value of the FastAPI dependency ``principal``
-      (a str or int id, or an object with ``identity``, ``id`` or ``username``), shared with
-      the endpoint's own ``Depends(principal)`` (FastAPI runs it once). Without one, or when
-      it answers ``None``, ``client(scope)``: by default ``scope["user"]``, else the IP;
+    - the key is scoped per client: ``client`` is a client function of the scope, as the
+      middleware's, or ``Depends(dependency)``, any FastAPI dependency (the route's own
+      authentication: FastAPI auth never fills ``scope["user"]``), whose value is a str or
+      int id, or an object with ``identity``, ``id`` or ``username``; FastAPI runs it once
+      for this dependency and the endpoint. When it answers ``None``, or without
+      ``client``: ``scope["user"]``, else the IP;
     - ``422`` when the key comes again with another ``fingerprint(scope, body)`` (by
       default the method, path, query string and body);
     - ``409`` with ``Retry-After`` while the first request runs; with ``wait=True`` a
@@ -143,8 +146,7 @@ class IdempotencyKey:
     def __init__(
         self,
         *,
-        principal: Callable[..., Any] | None = None,
-        client: KeyFunc | None = None,
+        client: ClientFunc | params.Depends | None = None,
         required: bool = True,
         fingerprint: FingerprintFunc | None = None,
         ttl: float = 86400.0,
@@ -158,13 +160,17 @@ class IdempotencyKey:
         backend: Backend | None = None,
         unavailable_retry_after: float = UNAVAILABLE_RETRY_AFTER,
     ) -> None:
-        if principal is not None and not callable(principal):
-            raise TypeError(f"principal must be a dependency, not {type(principal).__name__}")
+        dependency, func = None, None
+        if isinstance(client, params.Depends):
+            dependency = client
+        else:
+            func = check_client_func(client, "client")
         if fingerprint is not None and not callable(fingerprint):
             raise TypeError(f"fingerprint must be a callable, not {type(fingerprint).__name__}")
         if not all(callable(getattr(serializer, m, None)) for m in ("dumps", "loads")):
             raise TypeError("serializer must have dumps(obj) and loads(data) methods")
-        self.client = check_key_func(client, "client") or default_client()
+        #: whose keys a request's are when no dependency says (or it answers None)
+        self.client = func or default_client()
         self.required = bool(required)
         self.fingerprint = fingerprint or request_fingerprint
         self.wait = check_wait(wait)
@@ -178,22 +184,19 @@ class IdempotencyKey:
         self._retry_unavailable = unavailable_retry_after
         self._outage = OutageLog("IdempotencyKey dependency")
         self._codecs: dict[Callable[..., Any], Codec] = {}
-        # FastAPI reads the parameters from this signature: the principal is a dependency
-        # of ours, so FastAPI resolves it (once per request, shared with the endpoint).
-        params = [
+        # FastAPI reads the parameters from this signature: a client dependency is one of
+        # ours, so FastAPI resolves it (once per request, shared with the endpoint).
+        parameters = [
             inspect.Parameter("request", inspect.Parameter.KEYWORD_ONLY, annotation=Request),
             inspect.Parameter("response", inspect.Parameter.KEYWORD_ONLY, annotation=Response),
         ]
-        if principal is not None:
-            params.append(
+        if dependency is not None:
+            parameters.append(
                 inspect.Parameter(
-                    "principal",
-                    inspect.Parameter.KEYWORD_ONLY,
-                    default=Depends(principal),
-                    annotation=Any,
+                    "client", inspect.Parameter.KEYWORD_ONLY, default=dependency, annotation=Any
                 )
             )
-        self.__signature__ = inspect.Signature(params)
+        self.__signature__ = inspect.Signature(parameters)
 
     def codec(self, fn: Callable[..., Any]) -> Codec:
         """The codec of ``fn`` (its return annotation read once)."""
@@ -205,7 +208,7 @@ class IdempotencyKey:
         return codec
 
     async def __call__(
-        self, *, request: Request, response: Response, principal: Any = None
+        self, *, request: Request, response: Response, client: Any = None
     ) -> AsyncIterator[IdempotentRequest]:
         values = request.headers.getlist("idempotency-key")
         if not values:
@@ -220,7 +223,7 @@ class IdempotencyKey:
                 "malformed Idempotency-Key: expected one quoted string of 1 to"
                 f" {MAX_IDEMPOTENCY_KEY} visible ASCII characters",
             )
-        who = identity(principal) or await resolve(self.client, request.scope) or "-"
+        who = identity(client) or await resolve(self.client, request.scope) or "-"
         key = f"{len(who)}:{who}:{idem}"
         fp = await call_fingerprint(self.fingerprint, request.scope, await request.body())
         try:

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from .._args import check_int
 from .._limits.limiter import Limiter
 from .answers import Policy, check_limiter
-from .request_keys import KeyFunc
+from .clients import ClientFunc
 from .types import Scope
 
 #: What a ``LimiterFunc`` answers: a limiter (counted at the plan's cost), a limiter and
@@ -31,27 +31,28 @@ POLICY_CACHE = 256
 
 
 class Pick:
-    """One request's limiter, cost, key function and policy."""
+    """One request's limiter, cost, client function and policy."""
 
-    __slots__ = ("cost", "key", "limiter", "policy")
+    __slots__ = ("client", "cost", "limiter", "policy")
 
-    def __init__(self, limiter: Limiter, cost: int, key: KeyFunc, policy: Policy) -> None:
-        self.limiter, self.cost, self.key, self.policy = limiter, cost, key, policy
+    def __init__(self, limiter: Limiter, cost: int, client: ClientFunc, policy: Policy) -> None:
+        self.limiter, self.cost, self.client, self.policy = limiter, cost, client, policy
 
 
 class Plan:
-    """A limiter or a ``LimiterFunc``, with the key, cost and policy name that go with it.
+    """A limiter or a ``LimiterFunc``, with the client function, cost and policy name that
+    go with it.
 
     The policy is named ``name`` if given, else the limiter's own ``name``, else
     ``fallback_name``.
     """
 
-    __slots__ = ("_cost", "_fixed", "_func", "_policies", "fallback_name", "key", "name")
+    __slots__ = ("_cost", "_fixed", "_func", "_policies", "client", "fallback_name", "name")
 
     def __init__(
         self,
         limiter: Limiter | LimiterFunc,
-        key: KeyFunc,
+        client: ClientFunc,
         cost: int,
         name: str | None,
         fallback_name: str,
@@ -59,13 +60,13 @@ class Plan:
         if name is not None:
             Policy.check_name(name)
         Policy.check_name(fallback_name)
-        self.key, self.name, self.fallback_name = key, name, fallback_name
+        self.client, self.name, self.fallback_name = client, name, fallback_name
         self._policies: dict[Limiter, Policy] = {}
         self._fixed: Pick | None = None
         self._func: LimiterFunc | None = None
         if isinstance(limiter, Limiter):
             fixed = check_limiter(limiter)
-            self._fixed = Pick(fixed, fixed._check_cost(cost), key, self._policy(fixed))
+            self._fixed = Pick(fixed, fixed._check_cost(cost), client, self._policy(fixed))
         elif callable(limiter):
             self._func = limiter
         else:
@@ -108,7 +109,7 @@ class Plan:
                 f" not {choice!r}"
             )
         # A cost above this limiter's limit is a bug in the function: ValueError, no hit.
-        return Pick(limiter, limiter._check_cost(cost), self.key, self._policy(limiter))
+        return Pick(limiter, limiter._check_cost(cost), self.client, self._policy(limiter))
 
     def __repr__(self) -> str:
         return repr(self.limiter)

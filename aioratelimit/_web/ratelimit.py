@@ -28,9 +28,9 @@ from .answers import (
     unavailable_detail,
     with_headers,
 )
+from .clients import ClientFunc, check_client_func, client_ip, resolve
 from .plans import LimiterFunc, Pick, Plan
 from .policy import WebPolicy, shadow_fields
-from .request_keys import KeyFunc, check_key_func, client_ip, resolve
 from .routes import Template, matches_any, methods_of, route_path, templates
 from .types import ASGIApp, Receive, Scope, Send
 
@@ -42,12 +42,12 @@ class Rule:
     matches one path segment and ``{name:path}`` the rest of the path, matched against the
     path inside the application (a mount prefix or ``root_path`` left out). ``limiter`` is a
     limiter, or a function of the scope that picks one (and the cost) per request (see
-    ``RateLimitMiddleware``). ``key`` (default: the middleware's) and ``cost`` apply to
+    ``RateLimitMiddleware``). ``client`` (default: the middleware's) and ``cost`` apply to
     requests of this route; ``name`` is the policy name in the ``RateLimit`` headers
     (default: the limiter's ``name`` if it has one, else the middleware's ``policy_name``).
     """
 
-    __slots__ = ("cost", "key", "limiter", "methods", "name", "template")
+    __slots__ = ("client", "cost", "limiter", "methods", "name", "template")
 
     def __init__(
         self,
@@ -55,16 +55,16 @@ class Rule:
         path: str,
         limiter: Limiter | LimiterFunc,
         *,
-        key: KeyFunc | None = None,
+        client: ClientFunc | None = None,
         cost: int = 1,
         name: str | None = None,
     ) -> None:
         self.methods = methods_of(method)
         self.template = Template.compile(path)
-        self.key = check_key_func(key, "key")
+        self.client = check_client_func(client, "client")
         self.name = name
         self.limiter = limiter
-        # Checked here, with its own name and a placeholder key, so a bad rule fails at once.
+        # Checked here, with its own name and a placeholder client, so a bad rule fails at once.
         self.cost = Plan(limiter, client_ip(), cost, name, "default")._cost
 
     def matches(self, method: str, path: str) -> bool:
@@ -84,8 +84,8 @@ class RateLimitMiddleware:
     rule matches take ``limiter`` (if given; else they are not limited); paths matching an
     ``exempt`` template are never counted. Paths are those inside the application: under
     Starlette's ``Mount("/api", ...)`` or a server's ``root_path``, ``exempt=["/health"]``
-    covers ``/api/health``. ``key(scope)`` (sync or async) names the client to count under;
-    returning ``None`` leaves that request unlimited.
+    covers ``/api/health``. ``client(scope)`` (sync or async) names the client to count
+    under; returning ``None`` leaves that request unlimited.
 
     ``limiter`` (and a rule's) may be a function of the scope instead, sync or async, that
     picks the limiter per request: it returns a limiter (counted at ``cost``), a
@@ -128,7 +128,7 @@ class RateLimitMiddleware:
         app: ASGIApp,
         limiter: Limiter | LimiterFunc | None = None,
         *,
-        key: KeyFunc | None = None,
+        client: ClientFunc | None = None,
         rules: Sequence[Rule] = (),
         exempt: Iterable[str] | str = (),
         policy_name: str | None = None,
@@ -140,9 +140,9 @@ class RateLimitMiddleware:
         breaker: Breaker | None = None,
         shadow: bool = False,
     ) -> None:
-        key = check_key_func(key, "key")
-        if key is None:
-            key = client_ip()
+        client = check_client_func(client, "client")
+        if client is None:
+            client = client_ip()
         for rule in rules:
             if not isinstance(rule, Rule):
                 raise TypeError(f"rules must hold Rule objects, not {type(rule).__name__}")
@@ -156,10 +156,12 @@ class RateLimitMiddleware:
         self._exempt = templates(exempt)
         fallback = policy_name or "default"
         self._rules = [
-            (rule, Plan(rule.limiter, rule.key or key, rule.cost, rule.name, fallback))
+            (rule, Plan(rule.limiter, rule.client or client, rule.cost, rule.name, fallback))
             for rule in rules
         ]
-        self._default = None if limiter is None else Plan(limiter, key, cost, policy_name, fallback)
+        self._default = (
+            None if limiter is None else Plan(limiter, client, cost, policy_name, fallback)
+        )
         self._retry_unavailable = (retry_after(unavailable_retry_after),)
         self._outage = OutageLog("RateLimitMiddleware")
 
@@ -177,7 +179,7 @@ class RateLimitMiddleware:
             return
         plan = self._plan(scope["method"], route_path(scope))
         pick = None if plan is None else await plan.pick(scope)
-        key = None if pick is None else await resolve(pick.key, scope)
+        key = None if pick is None else await resolve(pick.client, scope)
         if pick is None or key is None:
             await self.app(scope, receive, send)
             return

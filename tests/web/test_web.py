@@ -24,7 +24,7 @@ from support.webserver import fresh_backend, serving
 
 import aioratelimit as arl
 from aioratelimit._web import answers as _http_answers
-from aioratelimit._web import request_keys as _request_keys
+from aioratelimit._web import clients as _clients
 from aioratelimit.asgi import (
     IdempotencyMiddleware,
     RateLimitMiddleware,
@@ -121,7 +121,7 @@ async def test_limits_are_counted_per_client(store_url: str) -> None:
     """One client exhausting its quota does not limit another."""
     backend = fresh_backend(store_url)
     mw = RateLimitMiddleware(
-        Echo(), arl.FixedWindow("2/minute", backend=backend), key=header("X-Client")
+        Echo(), arl.FixedWindow("2/minute", backend=backend), client=header("X-Client")
     )
     async with serving(mw, backend) as client:
         a = [await client.get("/", headers={"X-Client": "a"}) for _ in range(3)]
@@ -152,7 +152,7 @@ async def test_x_forwarded_for_is_honoured_from_a_trusted_proxy(store_url: str) 
     mw = RateLimitMiddleware(
         Echo(),
         arl.FixedWindow("2/minute", backend=backend),
-        key=client_ip(trusted_proxies=["127.0.0.0/8", "10.0.0.0/8"]),
+        client=client_ip(trusted_proxies=["127.0.0.0/8", "10.0.0.0/8"]),
     )
     async with serving(mw, backend) as client:
 
@@ -178,7 +178,11 @@ async def test_rules_route_by_method_and_template_and_exempt_paths(store_url: st
         arl.FixedWindow("3/minute", backend=backend),
         rules=[
             Rule(
-                "POST", "/orders/{id}", orders, key=path_param("id", "/orders/{id}"), name="orders"
+                "POST",
+                "/orders/{id}",
+                orders,
+                client=path_param("id", "/orders/{id}"),
+                name="orders",
             )
         ],
         exempt=["/health", "/static/{rest:path}"],
@@ -284,7 +288,7 @@ def scope(
 
 
 async def key_of(fn: Any, s: Scope) -> str | None:
-    return await _request_keys.resolve(fn, s)
+    return await _clients.resolve(fn, s)
 
 
 async def test_client_ip_normalises_addresses() -> None:
