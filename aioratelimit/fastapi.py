@@ -39,17 +39,7 @@ from ._idempotency.tokens import consume_token
 from ._limits.failure import Breaker, Fallback
 from ._limits.limiter import Limiter
 from ._rates import Decision
-from ._web.answers import (
-    UNAVAILABLE_RETRY_AFTER,
-    OutageLog,
-    Refusal,
-    check_respond,
-    exceeded_detail,
-    refusal,
-    retry_after,
-    seconds_header,
-    unavailable_detail,
-)
+from ._web.answers import UNAVAILABLE_RETRY_AFTER, OutageLog, Refusal, check_respond
 from ._web.clients import (
     ClientFunc,
     check_client_func,
@@ -59,9 +49,9 @@ from ._web.clients import (
     resolve,
     user_id,
 )
+from ._web.flow import RateLimitFlow, Verdict
 from ._web.idempotency_dependency import IdempotencyKey, IdempotentRequest
 from ._web.plans import Choice, LimiterFunc, Plan
-from ._web.policy import WebPolicy, shadow_fields
 from ._web.problems import ProblemException, add_problem_handler, unavailable
 from ._web.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -116,16 +106,7 @@ class RateLimit:
     object itself (FastAPI's rule); use the middleware for such endpoints.
     """
 
-    __slots__ = (
-        "_outage",
-        "_policy",
-        "_retry_unavailable",
-        "client",
-        "legacy_headers",
-        "on_unavailable",
-        "plan",
-        "respond",
-    )
+    __slots__ = ("_flow", "client", "plan", "respond")
 
     def __init__(
         self,
@@ -143,46 +124,39 @@ class RateLimit:
     ) -> None:
         self.client = check_client_func(client, "client") or client_ip()
         self.plan = Plan(limiter, self.client, cost, policy_name, "default")
-        self._policy = WebPolicy(on_unavailable, breaker, shadow)
-        self.on_unavailable = on_unavailable
-        self.legacy_headers = bool(legacy_headers)
+        self._flow = RateLimitFlow(
+            "RateLimit dependency",
+            on_unavailable=on_unavailable,
+            breaker=breaker,
+            shadow=shadow,
+            legacy_headers=legacy_headers,
+            unavailable_retry_after=unavailable_retry_after,
+        )
         self.respond = check_respond(respond)
-        self._retry_unavailable = seconds_header(unavailable_retry_after)
-        self._outage = OutageLog("RateLimit dependency")
+
+    @property
+    def on_unavailable(self) -> Literal["deny", "allow"] | Fallback:
+        return self._flow.on_unavailable
+
+    @property
+    def legacy_headers(self) -> bool:
+        return self._flow.legacy_headers
 
     async def __call__(self, request: Request, response: Response) -> Decision | None:
-        scope = request.scope
-        pick = await self.plan.pick(scope)
-        key = None if pick is None else await resolve(pick.client, scope)
-        if pick is None or key is None:
+        verdict = await self._flow.check(self.plan, request.scope)
+        if verdict is None:
             return None
-        try:
-            decision = await self._policy.hit(pick.limiter, key, pick.cost)
-        except BackendUnavailable as exc:
-            self._outage(exc, self._policy.allow)
-            if self._policy.allow:
-                return None
-            if self.respond is None:
-                raise unavailable("rate limit", self._retry_unavailable) from exc
-            fields = [retry_after(self._retry_unavailable)]
-            raise await self._refuse(
-                refusal(503, unavailable_detail("rate limit"), fields, scope)
-            ) from exc
-        fields = pick.policy.headers(decision, self.legacy_headers)
-        if decision.shadow:
-            fields = [*fields, *shadow_fields(decision)]
-        if not decision.allowed:
-            detail = exceeded_detail(decision)
-            if self.respond is None:
-                raise ProblemException(429, detail, {k.decode(): v.decode() for k, v in fields})
-            raise await self._refuse(
-                refusal(429, detail, fields, scope, decision, pick.policy.name)
-            )
-        for k, v in fields:
+        if verdict.status != 200:
+            raise await self._refuse(verdict, request.scope)
+        for k, v in verdict.fields:
             response.headers.append(k.decode(), v.decode())
-        return decision
+        return verdict.decision
 
-    async def _refuse(self, refused: Refusal) -> ProblemException:
+    async def _refuse(self, verdict: Verdict, scope: Scope) -> ProblemException:
+        if self.respond is None:
+            fields = {k.decode(): v.decode() for k, v in verdict.fields}
+            return ProblemException(verdict.status, verdict.detail, fields)
+        refused = verdict.refusal(scope)
         answer = self.respond(refused)
         if inspect.isawaitable(answer):
             answer = await answer

@@ -65,6 +65,17 @@ def retry_after(seconds: float) -> tuple[bytes, bytes]:
     return (b"retry-after", str(seconds_header(seconds)).encode())
 
 
+#: The field a shadow decision adds to the response: what the limit said.
+SHADOW_HEADER = b"x-ratelimit-shadow"
+
+
+def shadow_fields(decision: Decision) -> list[tuple[bytes, bytes]]:
+    """``X-RateLimit-Shadow: denied`` (or ``allowed``) for a shadow decision; else none."""
+    if not decision.shadow:
+        return []
+    return [(SHADOW_HEADER, b"denied" if decision.shadow_denied else b"allowed")]
+
+
 def _whole(seconds: float) -> int:
     return max(0, math.ceil(seconds - 1e-9))
 

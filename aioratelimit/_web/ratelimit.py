@@ -1,9 +1,6 @@
-"""The ASGI rate-limit middleware and its per-route ``Rule``.
-
-``RateLimitMiddleware`` picks a plan per request (exempt, a rule, or the default limiter),
-resolves the request's key, makes one hit and answers from the decision: the app runs with
-the ``RateLimit`` fields added, or the client gets a 429 or 503 problem. ``asgi.py``
-re-exports both classes; keys come from ``_request_keys``, answers from ``_http_answers``.
+"""The ASGI rate-limit middleware and its per-route ``Rule``: which plan a request falls
+under (exempt, a rule, or the default), then the request flow's verdict answered in ASGI
+messages (the app runs with the ``RateLimit`` fields added, or a 429 or 503 is sent).
 """
 
 from __future__ import annotations
@@ -12,25 +9,12 @@ import inspect
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
-from .._errors import BackendUnavailable
 from .._limits.failure import Breaker, Fallback
 from .._limits.limiter import Limiter
-from .._rates import Decision
-from .answers import (
-    UNAVAILABLE_RETRY_AFTER,
-    OutageLog,
-    RespondFunc,
-    check_respond,
-    exceeded_detail,
-    refusal,
-    retry_after,
-    send_problem,
-    unavailable_detail,
-    with_headers,
-)
-from .clients import ClientFunc, check_client_func, client_ip, resolve
-from .plans import LimiterFunc, Pick, Plan
-from .policy import WebPolicy, shadow_fields
+from .answers import UNAVAILABLE_RETRY_AFTER, RespondFunc, check_respond, send_problem, with_headers
+from .clients import ClientFunc, check_client_func, client_ip
+from .flow import RateLimitFlow
+from .plans import LimiterFunc, Plan
 from .routes import Template, matches_any, methods_of, route_path, templates
 from .types import ASGIApp, Receive, Scope, Send
 
@@ -105,23 +89,12 @@ class RateLimitMiddleware:
     counted on an in-process limiter with ``share`` of the limits; either way a WARNING
     goes to the ``aioratelimit`` logger (at most one line per 10 s during an outage, with a
     count). ``breaker=Breaker(...)`` stops calling the backend for a cool-down after
-    consecutive failures (``_web_policy``). ``shadow=True`` never refuses: the request
+    consecutive failures. ``shadow=True`` never refuses: the request
     passes, with ``X-RateLimit-Shadow: denied`` when the limit would have refused it.
     WebSocket and lifespan scopes pass through untouched.
     """
 
-    __slots__ = (
-        "_default",
-        "_exempt",
-        "_outage",
-        "_policy",
-        "_retry_unavailable",
-        "_rules",
-        "app",
-        "legacy_headers",
-        "on_unavailable",
-        "respond",
-    )
+    __slots__ = ("_default", "_exempt", "_flow", "_rules", "app", "respond")
 
     def __init__(
         self,
@@ -149,9 +122,14 @@ class RateLimitMiddleware:
         if limiter is None and not rules:
             raise ValueError("RateLimitMiddleware needs a limiter, rules, or both")
         self.app = app
-        self._policy = WebPolicy(on_unavailable, breaker, shadow)
-        self.on_unavailable = on_unavailable
-        self.legacy_headers = bool(legacy_headers)
+        self._flow = RateLimitFlow(
+            "RateLimitMiddleware",
+            on_unavailable=on_unavailable,
+            breaker=breaker,
+            shadow=shadow,
+            legacy_headers=legacy_headers,
+            unavailable_retry_after=unavailable_retry_after,
+        )
         self.respond = check_respond(respond)
         self._exempt = templates(exempt)
         fallback = policy_name or "default"
@@ -162,8 +140,6 @@ class RateLimitMiddleware:
         self._default = (
             None if limiter is None else Plan(limiter, client, cost, policy_name, fallback)
         )
-        self._retry_unavailable = (retry_after(unavailable_retry_after),)
-        self._outage = OutageLog("RateLimitMiddleware")
 
     def _plan(self, method: str, path: str) -> Plan | None:
         if matches_any(self._exempt, path):
@@ -178,49 +154,26 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send)
             return
         plan = self._plan(scope["method"], route_path(scope))
-        pick = None if plan is None else await plan.pick(scope)
-        key = None if pick is None else await resolve(pick.client, scope)
-        if pick is None or key is None:
+        verdict = None if plan is None else await self._flow.check(plan, scope)
+        if verdict is None:
             await self.app(scope, receive, send)
-            return
-        try:
-            decision = await self._policy.hit(pick.limiter, key, pick.cost)
-        except BackendUnavailable as exc:
-            self._outage(exc, self._policy.allow)
-            if self._policy.allow:
-                await self.app(scope, receive, send)
-            else:
-                detail = unavailable_detail("rate limit")
-                await self._refuse(scope, receive, send, 503, detail, self._retry_unavailable)
-            return
-        headers = pick.policy.headers(decision, self.legacy_headers)
-        if decision.shadow:
-            headers = [*headers, *shadow_fields(decision)]
-        if not decision.allowed:
-            detail = exceeded_detail(decision)
-            await self._refuse(scope, receive, send, 429, detail, headers, decision, pick)
-            return
-        await self.app(scope, receive, with_headers(send, headers))
+        elif verdict.status == 200:
+            await self.app(scope, receive, with_headers(send, verdict.fields))
+        elif self.respond is None:
+            await send_problem(send, verdict.status, verdict.detail, verdict.fields)
+        else:
+            answer = self.respond(verdict.refusal(scope))
+            if inspect.isawaitable(answer):
+                answer = await answer
+            await answer(scope, receive, send)
 
-    async def _refuse(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        status: int,
-        detail: str,
-        headers: Sequence[tuple[bytes, bytes]],
-        decision: Decision | None = None,
-        pick: Pick | None = None,
-    ) -> None:
-        if self.respond is None:
-            await send_problem(send, status, detail, headers)
-            return
-        policy = None if pick is None else pick.policy.name
-        answer = self.respond(refusal(status, detail, headers, scope, decision, policy))
-        if inspect.isawaitable(answer):
-            answer = await answer
-        await answer(scope, receive, send)
+    @property
+    def on_unavailable(self) -> Literal["deny", "allow"] | Fallback:
+        return self._flow.on_unavailable
+
+    @property
+    def legacy_headers(self) -> bool:
+        return self._flow.legacy_headers
 
     def __repr__(self) -> str:
         default = "-" if self._default is None else repr(self._default)
