@@ -18,13 +18,13 @@ imports no web framework.
 
 Type aliases for code that plugs into it: ``Scope``, ``Receive``, ``Send``, ``Message`` and
 ``ASGIApp`` (the ASGI shapes), ``ClientFunc`` (``client=``), ``LimiterFunc`` and ``Choice``
-(a limiter picked per request), ``RespondFunc`` and ``Refusal`` (``respond=``),
+(a limiter picked per request), ``RespondWithApp`` and ``Refusal`` (``respond=``),
 ``FingerprintFunc`` (``fingerprint=``).
 """
 
 from __future__ import annotations
 
-from ._web.answers import Refusal, RespondFunc
+from ._web.answers import Refusal, RespondWithApp
 from ._web.clients import ClientFunc, client_ip, header, path_param, user_id
 
 # Defined in this module before the web layer was split; still importable from here.
@@ -47,7 +47,7 @@ __all__ = [
     "RateLimitMiddleware",
     "Receive",
     "Refusal",
-    "RespondFunc",
+    "RespondWithApp",
     "Rule",
     "STORED",
     "Scope",

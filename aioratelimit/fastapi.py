@@ -68,7 +68,7 @@ __all__ = [
     "RateLimit",
     "Receive",
     "Refusal",
-    "RespondFunc",
+    "RespondWithResponse",
     "Scope",
     "Send",
     "add_problem_handler",
@@ -80,7 +80,7 @@ __all__ = [
 
 #: ``respond=`` of the dependency: builds the answer to a refusal (a Starlette or FastAPI
 #: ``Response``), sync or async; rendered by ``add_problem_handler``.
-RespondFunc = Callable[[Refusal], Response | Awaitable[Response]]
+RespondWithResponse = Callable[[Refusal], Response | Awaitable[Response]]
 
 
 class RateLimit:
@@ -117,7 +117,7 @@ class RateLimit:
         policy_name: str | None = None,
         unavailable_retry_after: float = UNAVAILABLE_RETRY_AFTER,
         legacy_headers: bool = False,
-        respond: RespondFunc | None = None,
+        respond: RespondWithResponse | None = None,
         on_unavailable: Literal["deny", "allow"] | Fallback = "deny",
         breaker: Breaker | None = None,
         shadow: bool = False,

@@ -33,6 +33,9 @@ log = logging.getLogger("aioratelimit")
 
 #: Seconds a client is told to wait (``Retry-After``) when the backend is unreachable.
 UNAVAILABLE_RETRY_AFTER = 5
+#: The failure policies of a web face (``on_unavailable=``): ``"deny"`` answers 503,
+#: ``"allow"`` lets the request through; a rate-limit face also takes a ``Fallback``.
+WEB_POLICIES = ("deny", "allow")
 
 
 def check_limiter(limiter: object) -> Limiter:
@@ -60,7 +63,7 @@ def seconds_header(seconds: float) -> int:
     return max(1, math.ceil(seconds - 1e-9))
 
 
-def retry_after(seconds: float) -> tuple[bytes, bytes]:
+def retry_after_field(seconds: float) -> tuple[bytes, bytes]:
     """The ``Retry-After`` field for a wait of ``seconds``."""
     return (b"retry-after", str(seconds_header(seconds)).encode())
 
@@ -80,7 +83,7 @@ def _whole(seconds: float) -> int:
     return max(0, math.ceil(seconds - 1e-9))
 
 
-class Policy:
+class QuotaPolicy:
     """A limiter's quota policies under one name, and the header values they produce.
 
     A limiter with one rate is one policy named ``name``; with several, one policy per rate,
@@ -144,7 +147,7 @@ class Policy:
             (b"ratelimit", self.ratelimit(decision)),
         ]
         if not decision.allowed:
-            fields.append(retry_after(decision.retry_after))
+            fields.append(retry_after_field(decision.retry_after))
         if legacy:
             t = self.reset_seconds(decision)
             fields += [
@@ -193,7 +196,7 @@ def refusal(
 
 #: ``respond=`` of the middleware: builds the answer to a refusal, as any ASGI app (a
 #: Starlette ``Response`` is one), sync or async.
-RespondFunc = Callable[[Refusal], ASGIApp | Awaitable[ASGIApp]]
+RespondWithApp = Callable[[Refusal], ASGIApp | Awaitable[ASGIApp]]
 
 
 def check_respond(respond: object) -> Any:

@@ -72,11 +72,11 @@ def _compact(part: str) -> str:
 
 # -- key helpers --------------------------------------------------------------------------
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
-def _address(text: str) -> Address | None:
+def _address(text: str) -> IPAddress | None:
     text = text.strip().strip('"')
     if text.startswith("[") and "]" in text:  # "[v6]" or "[v6]:port"
         text = text[1 : text.index("]")]
@@ -103,17 +103,17 @@ def client_ip(
     one is the client. IPv6 clients are grouped by their ``/ipv6_prefix`` network (one
     subscriber usually holds a whole /64), IPv4-mapped IPv6 addresses count as IPv4.
     """
-    nets: tuple[Network, ...] = tuple(
+    nets: tuple[IPNetwork, ...] = tuple(
         ipaddress.ip_network(p, strict=False) for p in _strings(trusted_proxies, "trusted_proxies")
     )
     check_int(ipv6_prefix, "ipv6_prefix")
     if ipv6_prefix > 128:
         raise ValueError(f"ipv6_prefix must be <= 128, got {ipv6_prefix}")
 
-    def trusted(addr: Address) -> bool:
+    def trusted(addr: IPAddress) -> bool:
         return any(addr in net for net in nets)
 
-    def name(addr: Address) -> str:
+    def name(addr: IPAddress) -> str:
         if isinstance(addr, ipaddress.IPv6Address) and ipv6_prefix < 128:
             return f"ip:{ipaddress.ip_network((addr, ipv6_prefix), strict=False)}"
         return f"ip:{addr}"

@@ -22,11 +22,12 @@ from .._limits.limiter import Limiter
 from .._rates import Decision
 from .._scripts import Mode
 from .answers import (
+    WEB_POLICIES,
     OutageLog,
     Refusal,
     exceeded_detail,
     refusal,
-    retry_after,
+    retry_after_field,
     shadow_fields,
     unavailable_detail,
 )
@@ -34,8 +35,6 @@ from .clients import resolve
 from .plans import Plan
 from .types import Scope
 
-#: What ``on_unavailable=`` of the rate-limit faces takes, besides a ``Fallback``.
-WORDS = ("deny", "allow")
 #: The most limiters one face keeps a guard (and a fallback twin) for: a ``LimiterFunc``
 #: that built a new limiter per request must not grow the table without bound.
 MAX_GUARDS = 1024
@@ -71,7 +70,7 @@ def _same(decision: Decision) -> Decision:
     return decision
 
 
-def _hit(limiter: Limiter) -> Step[Decision]:
+def _hit_step(limiter: Limiter) -> Step[Decision]:
     """``limiter.hit`` as a guard's step (a web face only ever hits)."""
     return lambda key, cost, mode: limiter.hit(key, cost)
 
@@ -100,7 +99,7 @@ class RateLimitFlow:
         unavailable_retry_after: float,
     ) -> None:
         self.on_unavailable = cast(
-            Literal["deny", "allow"] | Fallback, check_on_unavailable(on_unavailable, WORDS)
+            Literal["deny", "allow"] | Fallback, check_on_unavailable(on_unavailable, WEB_POLICIES)
         )
         # "deny" and "allow" are answered here, from the guard's BackendUnavailable.
         fallback = self.on_unavailable if isinstance(self.on_unavailable, Fallback) else "raise"
@@ -112,7 +111,7 @@ class RateLimitFlow:
         self._store = Backend.from_url("memory://") if fallback != "raise" else None
         self.legacy_headers = bool(legacy_headers)
         detail = unavailable_detail("rate limit")
-        self._unavailable = Verdict(503, [retry_after(unavailable_retry_after)], None, detail)
+        self._unavailable = Verdict(503, [retry_after_field(unavailable_retry_after)], None, detail)
         self._outage = OutageLog(face)
 
     def _guard(self, limiter: Limiter, options: Options) -> Guard[Decision]:
@@ -121,8 +120,8 @@ class RateLimitFlow:
             self._guards.clear()
         share, twin = options.on_unavailable, None
         if isinstance(share, Fallback) and self._store is not None:
-            twin = _hit(limiter._scaled(share, self._store))
-        guard = Guard(_hit(limiter), _same, options, limit=limiter._max_cost, fallback=twin)
+            twin = _hit_step(limiter._scaled(share, self._store))
+        guard = Guard(_hit_step(limiter), _same, options, limit=limiter._max_cost, fallback=twin)
         self._guards[limiter] = guard
         return guard
 

@@ -2,7 +2,7 @@
 
 ``IdempotencyMiddleware`` reads and checks the key, buffers the request body (bounded by
 ``max_body``) to fingerprint it, then claims the key in an ``IdempotencyStore``: the first
-request runs the app under a ``Recorder`` from ``_response_records`` and its response is
+request runs the app under a ``ResponseCopy`` from ``_response_records`` and its response is
 stored; a repeat is answered from the record. ``asgi.py`` re-exports the class (and
 ``parse_idempotency_key``); the client key and the problem answers come from
 ``_request_keys`` and ``_http_answers``.
@@ -24,13 +24,14 @@ from .._idempotency.store import Claimed, IdempotencyStore, InProgress, Replay
 from .._limits.failure import check_on_unavailable
 from .answers import (
     UNAVAILABLE_RETRY_AFTER,
+    WEB_POLICIES,
     OutageLog,
-    retry_after,
+    retry_after_field,
     send_problem,
     unavailable_detail,
 )
 from .clients import ClientFunc, check_client_func, client_ip, header_values, resolve, user_id
-from .records import Recorder, send_recorded
+from .records import ResponseCopy, send_recorded
 from .routes import Template, matches_any, methods_of, route_path, templates
 from .types import ASGIApp, Message, Receive, Scope, Send
 
@@ -43,10 +44,6 @@ _BARE_KEY = re.compile(r"[!-~]{1,255}")
 # A Structured Field string (RFC 8941): printable ASCII, with \" and \\ escaped.
 _SF_STRING = re.compile(r'"((?:[ !#-\[\]-~]|\\["\\]){1,255})"')
 
-
-#: What ``on_unavailable=`` of the idempotency faces takes (no fallback: a key's record is
-#: either in the store or not known).
-WORDS = ("deny", "allow")
 
 #: Statuses stored (and replayed) by default: success, and 303 See Other, the answer of a
 #: completed POST that redirects. 4xx are not: 401, 403, 409 and 429 say nothing final
@@ -233,12 +230,13 @@ class IdempotencyMiddleware:
         self.max_response = check_int(max_response, "max_response", minimum=0)
         self.wait = check_wait(wait)
         self.timeout = check_timeout(timeout)
-        self.on_unavailable = check_on_unavailable(on_unavailable, WORDS, fallback=False)
+        # No Fallback: a key's record has no in-process twin to be counted on.
+        self.on_unavailable = check_on_unavailable(on_unavailable, WEB_POLICIES, fallback=False)
         # Room for the head line (status and headers) on top of the body.
         self.store = IdempotencyStore(
             backend, ttl=ttl, lease=lease, name=name, max_bytes=self.max_response + (64 << 10)
         )
-        self._retry_unavailable = (retry_after(unavailable_retry_after),)
+        self._retry_unavailable = (retry_after_field(unavailable_retry_after),)
         self._outage = OutageLog("IdempotencyMiddleware")
 
     def _required(self, path: str) -> bool:
@@ -313,7 +311,7 @@ class IdempotencyMiddleware:
                 send,
                 409,
                 "a request with this Idempotency-Key is still being processed",
-                (retry_after(1),),
+                (retry_after_field(1),),
             )
             return
         if isinstance(outcome, Replay):
@@ -322,11 +320,11 @@ class IdempotencyMiddleware:
         await self._run(scope, replayed, send, outcome)
 
     async def _run(self, scope: Scope, receive: Receive, send: Send, claimed: Claimed) -> None:
-        recorder = Recorder(send, self.max_response)
+        copy = ResponseCopy(send, self.max_response)
         async with self.store.running(claimed):
-            await self.app(scope, receive, recorder)
-            if not recorder.storable(self._stored):
-                if recorder.overflow and recorder.complete:
+            await self.app(scope, receive, copy)
+            if not copy.storable(self._stored):
+                if copy.overflow and copy.complete:
                     log.warning(
                         "IdempotencyMiddleware: the response to %s %s is over max_response"
                         " (%d bytes) or not replayable: not stored, the key is free again",
@@ -336,7 +334,7 @@ class IdempotencyMiddleware:
                     )
                 return  # leaving the block releases the key
             try:
-                await self.store.complete(claimed, recorder.payload())
+                await self.store.complete(claimed, copy.payload())
             except BackendUnavailable as exc:
                 # The client has its response; a retry will run again once the lease passes.
                 self._outage(exc, self.on_unavailable == "allow")

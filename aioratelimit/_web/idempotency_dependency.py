@@ -30,11 +30,10 @@ from .._errors import BackendUnavailable, IdempotencyKeyMismatch
 from .._idempotency.results import JSON, RECORD_OVERHEAD, Codec, Serializer
 from .._idempotency.store import MAX_RESULT_BYTES, Claimed, IdempotencyStore, InProgress, Replay
 from .._limits.failure import check_on_unavailable
-from .answers import UNAVAILABLE_RETRY_AFTER, OutageLog
+from .answers import UNAVAILABLE_RETRY_AFTER, WEB_POLICIES, OutageLog
 from .clients import ClientFunc, check_client_func, identity, resolve
 from .idempotency import (
     MAX_IDEMPOTENCY_KEY,
-    WORDS,
     FingerprintFunc,
     call_fingerprint,
     check_wait,
@@ -177,7 +176,8 @@ class IdempotencyKey:
         self.timeout = check_timeout(timeout)
         self.serializer = serializer
         self._max_result_bytes = check_int(max_result_bytes, "max_result_bytes")
-        self.on_unavailable = check_on_unavailable(on_unavailable, WORDS, fallback=False)
+        # No Fallback: a key's record has no in-process twin to be counted on.
+        self.on_unavailable = check_on_unavailable(on_unavailable, WEB_POLICIES, fallback=False)
         self.store = IdempotencyStore(
             backend, ttl=ttl, lease=lease, name=name, max_bytes=max_result_bytes + RECORD_OVERHEAD
         )

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from .._args import check_int
 from .._limits.limiter import Limiter
-from .answers import Policy, check_limiter
+from .answers import QuotaPolicy, check_limiter
 from .clients import ClientFunc
 from .types import Scope
 
@@ -35,7 +35,9 @@ class Pick:
 
     __slots__ = ("client", "cost", "limiter", "policy")
 
-    def __init__(self, limiter: Limiter, cost: int, client: ClientFunc, policy: Policy) -> None:
+    def __init__(
+        self, limiter: Limiter, cost: int, client: ClientFunc, policy: QuotaPolicy
+    ) -> None:
         self.limiter, self.cost, self.client, self.policy = limiter, cost, client, policy
 
 
@@ -44,10 +46,10 @@ class Plan:
     go with it.
 
     The policy is named ``name`` if given, else the limiter's own ``name``, else
-    ``fallback_name``.
+    ``default_name``.
     """
 
-    __slots__ = ("_cost", "_fixed", "_func", "_policies", "client", "fallback_name", "name")
+    __slots__ = ("_cost", "_fixed", "_func", "_policies", "client", "default_name", "name")
 
     def __init__(
         self,
@@ -55,13 +57,13 @@ class Plan:
         client: ClientFunc,
         cost: int,
         name: str | None,
-        fallback_name: str,
+        default_name: str,
     ) -> None:
         if name is not None:
-            Policy.check_name(name)
-        Policy.check_name(fallback_name)
-        self.client, self.name, self.fallback_name = client, name, fallback_name
-        self._policies: dict[Limiter, Policy] = {}
+            QuotaPolicy.check_name(name)
+        QuotaPolicy.check_name(default_name)
+        self.client, self.name, self.default_name = client, name, default_name
+        self._policies: dict[Limiter, QuotaPolicy] = {}
         self._fixed: Pick | None = None
         self._func: LimiterFunc | None = None
         if isinstance(limiter, Limiter):
@@ -80,12 +82,12 @@ class Plan:
     def limiter(self) -> Limiter | LimiterFunc:
         return self._fixed.limiter if self._fixed is not None else self._func  # type: ignore[return-value]
 
-    def _policy(self, limiter: Limiter) -> Policy:
+    def _policy(self, limiter: Limiter) -> QuotaPolicy:
         policy = self._policies.get(limiter)
         if policy is None:
             if len(self._policies) >= POLICY_CACHE:
                 self._policies.clear()
-            policy = Policy(limiter, self.name or limiter.name or self.fallback_name)
+            policy = QuotaPolicy(limiter, self.name or limiter.name or self.default_name)
             self._policies[limiter] = policy
         return policy
 

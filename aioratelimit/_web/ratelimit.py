@@ -11,7 +11,13 @@ from typing import Literal
 
 from .._limits.failure import Breaker, Fallback
 from .._limits.limiter import Limiter
-from .answers import UNAVAILABLE_RETRY_AFTER, RespondFunc, check_respond, send_problem, with_headers
+from .answers import (
+    UNAVAILABLE_RETRY_AFTER,
+    RespondWithApp,
+    check_respond,
+    send_problem,
+    with_headers,
+)
 from .clients import ClientFunc, check_client_func, client_ip
 from .flow import RateLimitFlow
 from .plans import LimiterFunc, Plan
@@ -108,7 +114,7 @@ class RateLimitMiddleware:
         cost: int = 1,
         unavailable_retry_after: float = UNAVAILABLE_RETRY_AFTER,
         legacy_headers: bool = False,
-        respond: RespondFunc | None = None,
+        respond: RespondWithApp | None = None,
         on_unavailable: Literal["deny", "allow"] | Fallback = "deny",
         breaker: Breaker | None = None,
         shadow: bool = False,

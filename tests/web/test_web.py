@@ -351,11 +351,11 @@ async def test_header_path_and_user_keys() -> None:
 def test_policy_fields_for_several_rates_and_a_token_bucket() -> None:
     """Several rates are one policy each and RateLimit names the tightest; a token bucket's
     window is the time to refill its burst."""
-    policy = _http_answers.Policy(arl.FixedWindow("10/second", "100/minute"), "api")
+    policy = _http_answers.QuotaPolicy(arl.FixedWindow("10/second", "100/minute"), "api")
     assert policy.policy_header == b'"api-1";q=10;w=1, "api-2";q=100;w=60'
     tight = arl.Decision(False, 100, 0, 20.0, 12.2)
     assert policy.ratelimit(tight) == b'"api-2";r=0;t=13'
-    bucket = _http_answers.Policy(arl.TokenBucket("10/second", burst=20), "tb")
+    bucket = _http_answers.QuotaPolicy(arl.TokenBucket("10/second", burst=20), "tb")
     assert bucket.policy_header == b'"tb";q=20;w=2'
     assert bucket.ratelimit(arl.Decision(True, 20, 19, 0.1, 0.0)) == b'"tb";r=19;t=1'
     assert _http_answers.sf_string('a"b\\c') == '"a\\"b\\\\c"'
