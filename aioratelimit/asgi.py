@@ -26,11 +26,7 @@ from __future__ import annotations
 
 from ._web.answers import Refusal, RespondWithApp
 from ._web.clients import ClientFunc, client_ip, header, path_param, user_id
-
-# Defined in this module before the web layer was split; still importable from here.
-from ._web.idempotency import MAX_IDEMPOTENCY_KEY as MAX_IDEMPOTENCY_KEY
 from ._web.idempotency import STORED, FingerprintFunc, IdempotencyMiddleware, request_fingerprint
-from ._web.idempotency import parse_idempotency_key as parse_idempotency_key
 from ._web.plans import Choice, LimiterFunc
 from ._web.ratelimit import RateLimitMiddleware, Rule
 from ._web.routes import route_path

@@ -1,15 +1,12 @@
 """HTTP answers: what the web faces send back once a limiter or a store has decided.
 
 - the IETF ``RateLimit`` / ``RateLimit-Policy`` fields (draft-ietf-httpapi-ratelimit-headers)
-  and ``Retry-After``, computed from a ``Decision``, and on request the legacy
-  ``X-RateLimit-Limit`` / ``-Remaining`` / ``-Reset`` trio;
+  and ``Retry-After``, computed from a ``Decision``, on request the legacy
+  ``X-RateLimit-Limit`` / ``-Remaining`` / ``-Reset`` trio, and ``X-RateLimit-Shadow``;
 - ``Refusal``: a refused request as a ``respond=`` hook sees it, to shape the answer;
 - RFC 9457 problem bodies (``application/problem+json``) and their detail texts, so the ASGI
   middleware and the FastAPI dependencies word a refusal the same way;
 - the throttled WARNING line for a backend outage.
-
-Sits under ``_asgi_ratelimit``, ``_asgi_idempotency`` and ``fastapi.py``; reads the limiters
-and ``Decision``, and no other web module but ``_asgi_types``.
 """
 
 from __future__ import annotations

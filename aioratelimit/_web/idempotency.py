@@ -2,10 +2,9 @@
 
 ``IdempotencyMiddleware`` reads and checks the key, buffers the request body (bounded by
 ``max_body``) to fingerprint it, then claims the key in an ``IdempotencyStore``: the first
-request runs the app under a ``ResponseCopy`` from ``_response_records`` and its response is
-stored; a repeat is answered from the record. ``asgi.py`` re-exports the class (and
-``parse_idempotency_key``); the client key and the problem answers come from
-``_request_keys`` and ``_http_answers``.
+request runs the app under a ``ResponseCopy`` and its response is stored; a repeat is
+answered from the record. The key's parsing and the fingerprint are shared with the
+FastAPI ``IdempotencyKey`` dependency.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Which limiter, cost and policy a request is counted under.
 
-``RateLimitMiddleware``, its ``Rule``s and the FastAPI ``RateLimit`` dependency take a
-limiter, or a ``LimiterFunc``: a callable given the request's scope (sync or async) that
-picks the limiter, and the cost if it likes, per request. That is how tiers are written
-("free" 10 a minute, "pro" 1000) without one middleware per tier. ``Plan`` holds either and
-answers each request with a ``Pick``. Reads ``_http_answers`` (the policies) and
-``_request_keys`` (the key function), and no middleware module.
+A rate-limit face takes a limiter, or a ``LimiterFunc``: a callable given the request's
+scope (sync or async) that picks the limiter, and the cost if it likes, per request. That
+is how tiers are written ("free" 10 a minute, "pro" 1000) without one middleware per tier.
+``Plan`` holds either and answers each request with a ``Pick``.
 """
 
 from __future__ import annotations

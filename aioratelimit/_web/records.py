@@ -5,6 +5,7 @@ forwards every message and keeps a copy; ``payload()`` encodes that copy (a JSON
 with the status and the safe headers, then the body) for ``IdempotencyStore.complete``;
 ``send_recorded`` answers a later request with it.
 """
+
 from __future__ import annotations
 
 import json

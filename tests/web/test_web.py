@@ -25,13 +25,13 @@ from support.webserver import fresh_backend, serving
 import aioratelimit as arl
 from aioratelimit._web import answers as _http_answers
 from aioratelimit._web import clients as _clients
+from aioratelimit._web.idempotency import parse_idempotency_key
 from aioratelimit.asgi import (
     IdempotencyMiddleware,
     RateLimitMiddleware,
     Rule,
     client_ip,
     header,
-    parse_idempotency_key,
     path_param,
     user_id,
 )
