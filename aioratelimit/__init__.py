@@ -25,7 +25,7 @@ from ._idempotency.decorator import idempotent
 from ._idempotency.results import Serializer
 from ._idempotency.tokens import consume_token, consumes_token, issue_token
 from ._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
-from ._limits.failure import Breaker, BreakerListener, Fallback
+from ._limits.failure import Breaker, BreakerListener, Fallback, OnUnavailable
 from ._limits.limiter import Admission, Limiter
 from ._locks.lease import Hold, Lease
 from ._locks.lock import Lock, Semaphore, lock, semaphore
@@ -55,6 +55,7 @@ __all__ = [
     "LockNotOwned",
     "LockTimeout",
     "OnCall",
+    "OnUnavailable",
     "Rate",
     "RateLike",
     "RateLimited",

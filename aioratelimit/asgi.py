@@ -10,45 +10,41 @@ imports no web framework.
     app = RateLimitMiddleware(
         app,
         limiter=arl.SlidingWindow("100/minute"),
-        key=client_ip(),
+        client=client_ip(),
         rules=[Rule("POST", "/orders/{id}", arl.TokenBucket("5/second"))],
         exempt=["/health"],
     )
     app = IdempotencyMiddleware(app, require=["/payments"])
 
 Type aliases for code that plugs into it: ``Scope``, ``Receive``, ``Send``, ``Message`` and
-``ASGIApp`` (the ASGI shapes), ``KeyFunc`` (``key=``), ``LimiterFunc`` and ``Choice``
-(a limiter picked per request), ``RespondFunc`` and ``Refusal`` (``respond=``),
+``ASGIApp`` (the ASGI shapes), ``ClientFunc`` (``client=``), ``LimiterFunc`` and ``Choice``
+(a limiter picked per request), ``RespondWithApp`` and ``Refusal`` (``respond=``),
 ``FingerprintFunc`` (``fingerprint=``).
 """
 
 from __future__ import annotations
 
 from . import _public
-from ._web.answers import Refusal, RespondFunc
-
-# Defined in this module before the web layer was split; still importable from here.
-from ._web.idempotency import MAX_IDEMPOTENCY_KEY as MAX_IDEMPOTENCY_KEY
+from ._web.answers import Refusal, RespondWithApp
+from ._web.clients import ClientFunc, client_ip, header, path_param, user_id
 from ._web.idempotency import STORED, FingerprintFunc, IdempotencyMiddleware, request_fingerprint
-from ._web.idempotency import parse_idempotency_key as parse_idempotency_key
 from ._web.plans import Choice, LimiterFunc
 from ._web.ratelimit import RateLimitMiddleware, Rule
-from ._web.request_keys import KeyFunc, client_ip, header, path_param, user_id
 from ._web.routes import route_path
 from ._web.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = [
     "ASGIApp",
     "Choice",
+    "ClientFunc",
     "FingerprintFunc",
     "IdempotencyMiddleware",
-    "KeyFunc",
     "LimiterFunc",
     "Message",
     "RateLimitMiddleware",
     "Receive",
     "Refusal",
-    "RespondFunc",
+    "RespondWithApp",
     "Rule",
     "STORED",
     "Scope",

@@ -16,7 +16,7 @@ alone never imports FastAPI. No dependency needs a ``request`` parameter in the 
     @app.post("/confirm")
     async def confirm(token: str = Depends(ConsumeToken(header="X-Token"))) -> dict[str, str]: ...
 
-``Depends(IdempotencyKey(principal=current_account))`` gives an ``IdempotentRequest``
+``Depends(IdempotencyKey(client=Depends(current_account)))`` gives an ``IdempotentRequest``
 whose ``await idem.run(charge, ...)`` runs once per account and key.
 
 Rejections are raised as ``ProblemException`` (an ``HTTPException``): FastAPI's default
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
+from typing import Literal
 
 from fastapi import Request, Response
 
@@ -43,46 +44,36 @@ from ._idempotency.tokens import consume_token
 from ._limits.failure import Breaker, Fallback
 from ._limits.limiter import Limiter
 from ._rates import Decision
-from ._web.answers import (
-    UNAVAILABLE_RETRY_AFTER,
-    OutageLog,
-    Refusal,
-    check_respond,
-    exceeded_detail,
-    refusal,
-    retry_after,
-    seconds_header,
-    unavailable_detail,
-)
-from ._web.idempotency_dependency import IdempotencyKey, IdempotentRequest
-from ._web.plans import Choice, LimiterFunc, Plan
-from ._web.policy import WebPolicy, shadow_fields
-from ._web.problems import ProblemException, add_problem_handler, unavailable
-from ._web.request_keys import (
-    KeyFunc,
-    check_key_func,
+from ._web.answers import UNAVAILABLE_RETRY_AFTER, OutageLog, Refusal, check_respond
+from ._web.clients import (
+    ClientFunc,
+    check_client_func,
     client_ip,
     header,
     path_param,
     resolve,
     user_id,
 )
+from ._web.flow import RateLimitFlow, Verdict
+from ._web.idempotency_dependency import IdempotencyKey, IdempotentRequest
+from ._web.plans import Choice, LimiterFunc, Plan
+from ._web.problems import ProblemException, add_problem_handler, unavailable
 from ._web.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = [
     "ASGIApp",
     "Choice",
+    "ClientFunc",
     "ConsumeToken",
     "IdempotencyKey",
     "IdempotentRequest",
-    "KeyFunc",
     "LimiterFunc",
     "Message",
     "ProblemException",
     "RateLimit",
     "Receive",
     "Refusal",
-    "RespondFunc",
+    "RespondWithResponse",
     "Scope",
     "Send",
     "add_problem_handler",
@@ -94,22 +85,23 @@ __all__ = [
 
 #: ``respond=`` of the dependency: builds the answer to a refusal (a Starlette or FastAPI
 #: ``Response``), sync or async; rendered by ``add_problem_handler``.
-RespondFunc = Callable[[Refusal], Response | Awaitable[Response]]
+RespondWithResponse = Callable[[Refusal], Response | Awaitable[Response]]
 
 
 class RateLimit:
-    """``Depends(RateLimit(limiter, key=client_ip()))``: one hit per request of the endpoint.
+    """``Depends(RateLimit(limiter, client=client_ip()))``: one hit per request of the
+    endpoint.
 
     Admitted: the response gets ``RateLimit-Policy`` and ``RateLimit`` fields (and with
     ``legacy_headers=True`` ``X-RateLimit-Limit``, ``-Remaining`` and ``-Reset``), and the
     dependency's value is the ``Decision``. Denied: ``ProblemException`` 429 with
-    ``Retry-After``, ``RateLimit-Policy`` and ``RateLimit``. ``key(scope)`` is the same kind
-    of key function the middleware takes (sync or async; ``None`` = not limited); so is
+    ``Retry-After``, ``RateLimit-Policy`` and ``RateLimit``. ``client(scope)`` is the same
+    kind of client function the middleware takes (sync or async; ``None`` = not limited); so is
     ``limiter``, which may be a function of the scope that picks the limiter (and the cost)
     per request: tiers. The policy is named ``policy_name``, else the limiter's ``name``,
     else ``"default"`` (give it a name of its own when the middleware limits the same route).
-    Backend unreachable: 503 with ``Retry-After``, or with ``on_unavailable="allow"`` (or
-    ``fail_open=True``) the endpoint runs, or with ``on_unavailable=Fallback(share)`` the
+    Backend unreachable: 503 with ``Retry-After``, or with ``on_unavailable="allow"`` the
+    endpoint runs, or with ``on_unavailable=Fallback(share)`` the
     request is counted in-process on ``share`` of the limits; a WARNING either way.
     ``breaker`` and ``shadow`` (never refuse; ``X-RateLimit-Shadow`` says what the limit
     said) are the middleware's options. ``respond(refusal)`` (sync or async) builds the 429/503
@@ -119,74 +111,57 @@ class RateLimit:
     object itself (FastAPI's rule); use the middleware for such endpoints.
     """
 
-    __slots__ = (
-        "_outage",
-        "_policy",
-        "_retry_unavailable",
-        "fail_open",
-        "key",
-        "legacy_headers",
-        "plan",
-        "respond",
-    )
+    __slots__ = ("_flow", "client", "plan", "respond")
 
     def __init__(
         self,
         limiter: Limiter | LimiterFunc,
         *,
-        key: KeyFunc | None = None,
+        client: ClientFunc | None = None,
         cost: int = 1,
         policy_name: str | None = None,
-        fail_open: bool = False,
         unavailable_retry_after: float = UNAVAILABLE_RETRY_AFTER,
         legacy_headers: bool = False,
-        respond: RespondFunc | None = None,
-        on_unavailable: str | Fallback | None = None,
+        respond: RespondWithResponse | None = None,
+        on_unavailable: Literal["deny", "allow"] | Fallback = "deny",
         breaker: Breaker | None = None,
         shadow: bool = False,
     ) -> None:
-        self.key = check_key_func(key, "key") or client_ip()
-        self.plan = Plan(limiter, self.key, cost, policy_name, "default")
-        self._policy = WebPolicy(on_unavailable, bool(fail_open), breaker, shadow)
-        self.fail_open = self._policy.fail_open
-        self.legacy_headers = bool(legacy_headers)
+        self.client = check_client_func(client, "client") or client_ip()
+        self.plan = Plan(limiter, self.client, cost, policy_name, "default")
+        self._flow = RateLimitFlow(
+            "RateLimit dependency",
+            on_unavailable=on_unavailable,
+            breaker=breaker,
+            shadow=shadow,
+            legacy_headers=legacy_headers,
+            unavailable_retry_after=unavailable_retry_after,
+        )
         self.respond = check_respond(respond)
-        self._retry_unavailable = seconds_header(unavailable_retry_after)
-        self._outage = OutageLog("RateLimit dependency")
+
+    @property
+    def on_unavailable(self) -> Literal["deny", "allow"] | Fallback:
+        return self._flow.on_unavailable
+
+    @property
+    def legacy_headers(self) -> bool:
+        return self._flow.legacy_headers
 
     async def __call__(self, request: Request, response: Response) -> Decision | None:
-        scope = request.scope
-        pick = await self.plan.pick(scope)
-        key = None if pick is None else await resolve(pick.key, scope)
-        if pick is None or key is None:
+        verdict = await self._flow.check(self.plan, request.scope)
+        if verdict is None:
             return None
-        try:
-            decision = await self._policy.hit(pick.limiter, key, pick.cost)
-        except BackendUnavailable as exc:
-            self._outage(exc, self.fail_open)
-            if self.fail_open:
-                return None
-            if self.respond is None:
-                raise unavailable("rate limit", self._retry_unavailable) from exc
-            fields = [retry_after(self._retry_unavailable)]
-            raise await self._refuse(
-                refusal(503, unavailable_detail("rate limit"), fields, scope)
-            ) from exc
-        fields = pick.policy.headers(decision, self.legacy_headers)
-        if decision.shadow:
-            fields = [*fields, *shadow_fields(decision)]
-        if not decision.allowed:
-            detail = exceeded_detail(decision)
-            if self.respond is None:
-                raise ProblemException(429, detail, {k.decode(): v.decode() for k, v in fields})
-            raise await self._refuse(
-                refusal(429, detail, fields, scope, decision, pick.policy.name)
-            )
-        for k, v in fields:
+        if verdict.status != 200:
+            raise await self._refuse(verdict, request.scope)
+        for k, v in verdict.fields:
             response.headers.append(k.decode(), v.decode())
-        return decision
+        return verdict.decision
 
-    async def _refuse(self, refused: Refusal) -> ProblemException:
+    async def _refuse(self, verdict: Verdict, scope: Scope) -> ProblemException:
+        if self.respond is None:
+            fields = {k.decode(): v.decode() for k, v in verdict.fields}
+            return ProblemException(verdict.status, verdict.detail, fields)
+        refused = verdict.refusal(scope)
         answer = self.respond(refused)
         if inspect.isawaitable(answer):
             answer = await answer
@@ -198,7 +173,7 @@ class RateLimit:
         )
 
     def __repr__(self) -> str:
-        return f"<RateLimit {self.plan!r} fail_open={self.fail_open}>"
+        return f"<RateLimit {self.plan!r} on_unavailable={self.on_unavailable!r}>"
 
 
 class ConsumeToken:
@@ -207,7 +182,7 @@ class ConsumeToken:
 
     The token is read from request header ``header``, else from form field ``field`` (an
     urlencoded or multipart body; needs python-multipart). ``subject`` is ``None``, a string,
-    or a key function ``subject(scope)`` naming whom the token must have been issued for.
+    or a client function ``subject(scope)`` naming whom the token must have been issued for.
     The dependency's value is the token.
 
     Rejected — missing, malformed, unknown, expired, already used, or issued for another
@@ -223,7 +198,7 @@ class ConsumeToken:
         *,
         header: str | None = "X-Token",
         field: str | None = None,
-        subject: str | KeyFunc | None = None,
+        subject: str | ClientFunc | None = None,
         backend: Backend | None = None,
     ) -> None:
         if header is None and field is None:

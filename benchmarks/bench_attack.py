@@ -70,7 +70,7 @@ async def warm_denial(limiter: arl.Limiter, key: str) -> None:
     """Hit ``key`` until it is denied from the cache (or by the script, without a cache)."""
     for _ in range(1000):
         d = await limiter.hit(key)
-        if not d.allowed and (d.source == "cache" or limiter._cache is None):
+        if not d.allowed and (d.source == "cache" or limiter._guard is None):
             return
         await asyncio.sleep(0.005)
     raise SystemExit(f"{key}: never denied from the cache")

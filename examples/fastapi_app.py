@@ -111,7 +111,7 @@ def create_app(
         app.add_middleware(
             RateLimitMiddleware,
             limiter=arl.SlidingWindow(limit, backend=backend),
-            key=client_ip(),
+            client=client_ip(),
             rules=[
                 Rule(
                     "POST",

@@ -2,7 +2,7 @@
 
 Each names its scripts (``lua/fixed_window.lua``, ``lua/sliding_window.lua``,
 ``lua/token_bucket.lua`` and their refunds), its kind, its keys' suffixes and its scripts'
-constant arguments; everything else is their common base, ``_ratelimit.Limiter``.
+constant arguments; everything else is their common base, ``Limiter``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from .. import _keys, _scripts
 from .._args import check_int
 from .._backend import Backend
 from .._rates import Rate, RateLike, as_rate
-from . import guard as _guard
-from .failure import Breaker, Fallback, Policy
+from .failure import Breaker, Fallback, OnUnavailable
 from .limiter import Limiter
 
 #: Most sub-window buckets a SlidingWindow may use (the script reads them all per hit).
@@ -55,7 +54,7 @@ class FixedWindow(Limiter):
         count_denied: bool = False,
         blockable: bool = False,
         deny_cache: int | None = None,
-        on_unavailable: Policy = "raise",
+        on_unavailable: OnUnavailable = "raise",
         breaker: Breaker | None = None,
         shadow: bool = False,
     ):
@@ -72,7 +71,7 @@ class FixedWindow(Limiter):
 
     def __repr__(self) -> str:
         rates = ", ".join(map(str, self.rates))
-        return f"<FixedWindow {rates} name={self.name!r}{_guard.shown(self)}>"
+        return f"<FixedWindow {rates} name={self.name!r}{self._shown()}>"
 
 
 class SlidingWindow(Limiter):
@@ -97,7 +96,7 @@ class SlidingWindow(Limiter):
         count_denied: bool = False,
         blockable: bool = False,
         deny_cache: int | None = None,
-        on_unavailable: Policy = "raise",
+        on_unavailable: OnUnavailable = "raise",
         breaker: Breaker | None = None,
         shadow: bool = False,
     ):
@@ -120,9 +119,7 @@ class SlidingWindow(Limiter):
 
     def __repr__(self) -> str:
         rates = ", ".join(map(str, self.rates))
-        return (
-            f"<SlidingWindow {rates} buckets={self.buckets} name={self.name!r}{_guard.shown(self)}>"
-        )
+        return f"<SlidingWindow {rates} buckets={self.buckets} name={self.name!r}{self._shown()}>"
 
 
 class TokenBucket(Limiter):
@@ -148,7 +145,7 @@ class TokenBucket(Limiter):
         count_denied: bool = False,
         blockable: bool = False,
         deny_cache: int | None = None,
-        on_unavailable: Policy = "raise",
+        on_unavailable: OnUnavailable = "raise",
         breaker: Breaker | None = None,
         shadow: bool = False,
     ):
@@ -172,6 +169,4 @@ class TokenBucket(Limiter):
         return (self.rate,)
 
     def __repr__(self) -> str:
-        return (
-            f"<TokenBucket {self.rate} burst={self.burst} name={self.name!r}{_guard.shown(self)}>"
-        )
+        return f"<TokenBucket {self.rate} burst={self.burst} name={self.name!r}{self._shown()}>"

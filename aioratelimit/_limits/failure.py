@@ -60,22 +60,24 @@ class Fallback:
         return f"Fallback({self.share!r})"
 
 
-Policy = Literal["raise", "allow", "deny"] | Fallback
+#: What ``on_unavailable=`` takes: ``"raise"``, ``"allow"``, ``"deny"`` or a ``Fallback``.
+OnUnavailable = Literal["raise", "allow", "deny"] | Fallback
 
 
-def check_policy(policy: object) -> Policy:
-    if isinstance(policy, Fallback):
-        return policy
-    if not isinstance(policy, str):
-        raise TypeError(
-            "on_unavailable must be 'raise', 'allow', 'deny' or a Fallback,"
-            f" not {type(policy).__name__}"
-        )
-    if policy not in POLICIES:
-        raise ValueError(
-            f"on_unavailable must be 'raise', 'allow', 'deny' or a Fallback, got {policy!r}"
-        )
-    return policy  # type: ignore[return-value]
+def check_on_unavailable(
+    value: object, words: tuple[str, ...] = POLICIES, *, fallback: bool = True
+) -> OnUnavailable:
+    """``value`` if it is one of ``words``, or a ``Fallback`` where one is taken (a web face
+    takes other words than a limiter)."""
+    if fallback and isinstance(value, Fallback):
+        return value
+    names = [repr(w) for w in words] + (["a Fallback"] if fallback else [])
+    choices = ", ".join(names[:-1]) + " or " + names[-1]
+    if not isinstance(value, str):
+        raise TypeError(f"on_unavailable must be {choices}, not {type(value).__name__}")
+    if value not in words:
+        raise ValueError(f"on_unavailable must be {choices}, got {value!r}")
+    return value  # type: ignore[return-value]
 
 
 class Breaker:

@@ -1,14 +1,13 @@
-"""``Limiter``, the common base of the rate limiters (``_limiters``: ``FixedWindow``,
-``SlidingWindow`` and ``TokenBucket``), and ``Admission``, its ``async with``.
+"""``Limiter``, the common base of ``FixedWindow``, ``SlidingWindow`` and ``TokenBucket``,
+and ``Admission``, its ``async with``.
 
 Each decision is one script run (``lua/fixed_window.lua``, ``lua/sliding_window.lua``,
 ``lua/token_bucket.lua``) over one key per (user key, rate), and the key's block for a
 limiter made with ``blockable=True``, all under the user key's hash tag. The three limiters
 share everything but the scripts and their arguments: validation, key building, the
 reply-to-``Decision`` decoding, blocks and refunds (one script each), the context manager
-and the decorator. Waiting is ``_waiting``; the
-deny cache, the failure policy and shadow mode are ``_guard``'s (a limiter without them
-never enters it).
+and the decorator. The deny cache, the failure policy and shadow mode are a ``Guard``
+around the script call, built only when one of them is on.
 """
 
 from __future__ import annotations
@@ -24,10 +23,10 @@ from .._backend import Backend, get_backend
 from .._errors import RateLimited
 from .._rates import Decision, Rate
 from .._scripts import Mode, Script
-from . import guard as _guard
 from . import waiting as _waiting
 from .deny_cache import DenyCache
-from .failure import Breaker, Fallback, Policy
+from .failure import Breaker, Fallback, OnUnavailable
+from .guard import Guard, Options, check_cost
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -48,13 +47,11 @@ class Limiter:
         "_args",
         "_backend",
         "_blockable",
-        "_breaker",
-        "_cache",
         "_fallback",
+        "_guard",
         "_head_id",
         "_hit_mode",
         "_max_cost",
-        "_plain",
         "_refund_args",
         "_suffixes",
         "count_denied",
@@ -66,7 +63,7 @@ class Limiter:
     _script: Script
     _refund_script: Script
     _kind: str
-    #: its script books a later slot for a waiter (``_waiting``): TokenBucket
+    #: its script books a later slot for a waiter (``waiting``): TokenBucket
     _reserves = False
 
     def __init__(
@@ -102,44 +99,64 @@ class Limiter:
         self._refund_args: tuple[int, ...] = ()  # the refund script's, after the cost
         self._max_cost = 0
         # Set by ``_options`` (a subclass calls it once its rates are known).
-        self._cache: DenyCache | None = None
-        self._breaker: Breaker | None = None
+        self._guard: Guard[Any] | None = None  # None: no option on, one script call
         self._fallback: Limiter | None = None
-        self.on_unavailable: Policy = "raise"
+        self.on_unavailable: OnUnavailable = "raise"
         self.shadow = False
-        self._plain = True
 
     def _options(
         self,
         rates: tuple[Rate, ...],
         deny_cache: int | None,
-        on_unavailable: Policy,
+        on_unavailable: OnUnavailable,
         breaker: Breaker | None,
         shadow: bool,
     ) -> None:
-        """The options on top of the plain decision (``_guard``); with all of them off a
+        """The options on top of the plain decision (the guard); with all of them off a
         decision stays the one script call it was."""
         if deny_cache is not None and self.count_denied:
             # A cached denial never reaches the server, where a denied hit must be counted.
             raise ValueError("deny_cache cannot be combined with count_denied=True")
-        options = _guard.Options(self.name or self._kind, rates, deny_cache, on_unavailable)
-        self._cache, self.on_unavailable = options.cache, options.policy
-        self._breaker, self.shadow = options.breaker(breaker), options.shadow(shadow)
-        if self._breaker is not None:
-            self._breaker.on_change(_observe.breaker_listener)
+        cache = None
+        if deny_cache is not None:
+            size = check_int(deny_cache, "deny_cache")
+            # A key stays subscribed for a window after its last denial ran out.
+            cache = DenyCache(size, max(r.window for r in rates))
+        options = Options(on_unavailable, breaker, shadow, name=self.name or self._kind)
+        self.on_unavailable, self.shadow = options.on_unavailable, options.shadow
+        if options.breaker is not None:
+            options.breaker.on_change(_observe.breaker_listener)
+        fallback = None
         if isinstance(self.on_unavailable, Fallback):
             # Its own memory:// store: counted in this process only, never sent anywhere.
             self._fallback = self._scaled(self.on_unavailable, Backend.from_url("memory://"))
-        self._plain = self._cache is None and self._breaker is None and not self.shadow
+            fallback = self._fallback._send
+        if cache is None and options.plain:
+            return
+        self._guard = Guard(
+            self._send,
+            Decision.from_reply,
+            options,
+            limit=self._max_cost,
+            fallback=fallback,
+            cache=cache,
+            backend=self._backend,
+            head=(self._kind, self.name),
+            observed=(self.name, self._script.name),
+        )
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
         """The same limiter with every limit scaled to ``share``, on ``backend``."""
         raise NotImplementedError
 
+    def _shown(self) -> str:
+        """Its options in its repr, with their live state (nothing when all are off)."""
+        return "" if self._guard is None else self._guard.shown()
+
     @property
     def breaker(self) -> Breaker | None:
         """The circuit breaker in front of the backend (None: every call goes to it)."""
-        return self._breaker
+        return None if self._guard is None else self._guard.breaker
 
     @property
     def backend(self) -> Backend:
@@ -158,13 +175,7 @@ class Limiter:
         return keys
 
     def _check_cost(self, cost: object) -> int:
-        check_int(cost, "cost")
-        assert isinstance(cost, int)
-        if cost > self._max_cost:
-            raise ValueError(
-                f"cost {cost} can never be admitted: it is above the limit {self._max_cost}"
-            )
-        return cost
+        return check_cost(cost, self._max_cost)
 
     def _send(self, key: str, cost: int, mode: int, *extra: int) -> Awaitable[Any]:
         """Check the arguments and start the script; the caller awaits and decodes the reply.
@@ -183,15 +194,21 @@ class Limiter:
         return backend._run(self._script, self._keys(backend, key), args)
 
     async def _decide(self, key: str, cost: int, mode: int, *extra: int) -> Decision:
-        if not self._plain and not extra:  # (a TokenBucket waiter's booking: no options)
-            return _guard.cached(self, key, cost, mode) or await _guard.decide(
-                self, key, cost, mode
-            )
+        guard = self._guard
+        if guard is not None and not extra:  # (a TokenBucket waiter's booking: no options)
+            return guard.cached(key, cost, mode) or await guard.decide(key, cost, mode)
         if _observe.recorder is not None:
             return await _observe.decide(
                 self.name, self._script.name, self._send, key, cost, mode, *extra
             )
         return Decision.from_reply(await self._send(key, cost, mode, *extra))
+
+    def _attempt(self, key: str, cost: int, booking_us: int) -> Awaitable[Decision]:
+        """A waiter's try: a TokenBucket books a slot up to ``booking_us`` ahead, the
+        windows take a plain hit."""
+        if self._reserves:
+            return self._decide(key, cost, int(Mode.HIT), booking_us)
+        return self._decide(key, cost, self._hit_mode)
 
     async def hit(self, key: str, cost: int = 1, *, partial: bool = False) -> Decision:
         """Count ``cost`` hits for ``key`` if every rate admits them (a denied hit counts
@@ -207,10 +224,9 @@ class Limiter:
             mode = self._hit_mode + _PARTIAL
         else:
             raise TypeError(f"partial must be a bool, not {type(partial).__name__}")
-        if not self._plain:
-            return _guard.cached(self, key, cost, mode) or await _guard.decide(
-                self, key, cost, mode
-            )
+        guard = self._guard
+        if guard is not None:
+            return guard.cached(key, cost, mode) or await guard.decide(key, cost, mode)
         # Instrumentation off costs this one test (benchmarks/bench_observability.py).
         if _observe.recorder is not None:
             return await _observe.decide(self.name, self._script.name, self._send, key, cost, mode)
@@ -221,10 +237,9 @@ class Limiter:
         if partial is not True and partial is not False:
             raise TypeError(f"partial must be a bool, not {type(partial).__name__}")
         mode = _PEEK + _PARTIAL if partial else _PEEK
-        if not self._plain:
-            return _guard.cached(self, key, cost, mode) or await _guard.decide(
-                self, key, cost, mode
-            )
+        guard = self._guard
+        if guard is not None:
+            return guard.cached(key, cost, mode) or await guard.decide(key, cost, mode)
         return Decision.from_reply(await self._send(key, cost, mode))
 
     async def reset(self, key: str) -> None:
@@ -266,9 +281,22 @@ class Limiter:
         return int(reply[0])
 
     async def _invalidate(self, key: str, *, reset: bool = False) -> None:
-        """Forget the local denial of ``key`` at once, then tell the other processes (with
-        ``reset``, after removing the key's counters, in the same script)."""
-        await _guard.invalidate(self, key, reset)
+        """Forget the local denial of ``key`` at once, then run ``lua/rate_invalidate.lua``,
+        which tells every process (with ``reset``, after removing the key's counters)."""
+        guard = self._guard
+        if guard is not None:
+            guard.forget(key)
+        backend = self._backend or get_backend()
+        channel = _keys.rate_channel(backend._head(self._kind, self.name), key)
+        try:
+            await backend._run(
+                _scripts.RATE_INVALIDATE,
+                self._keys(backend, key),
+                (int(reset), channel, backend._publish_command),
+            )
+        finally:
+            if guard is not None:  # a denial sent before the reset, answered after it
+                guard.forget(key)
 
     async def acquire(
         self, key: str, cost: int = 1, *, wait: bool = False, timeout: float | None = None
@@ -276,13 +304,15 @@ class Limiter:
         """``hit``, raising ``RateLimited`` when denied; with ``wait=True`` wait until
         admitted, or until ``timeout`` seconds would be exceeded (then ``RateLimited`` at
         once: no sleep that cannot end in time). Waiting costs one or two script calls per
-        admitted request (``_waiting``): a TokenBucket books its slot, the windows queue
+        admitted request (``waiting``): a TokenBucket books its slot, the windows queue
         their waiters per key, first come first served, behind one that retries."""
         check_key(key)
         self._check_cost(cost)
         timeout = check_timeout(timeout)
         if wait:
-            return await _waiting.wait(self, key, cost, timeout)
+            backend = self._backend or get_backend()
+            line = (id(backend), self._keys(backend, key)[0])
+            return await _waiting.wait(self._attempt, self.refund, line, key, cost, timeout)
         decision = await self._decide(key, cost, self._hit_mode)
         if not decision.allowed:
             raise RateLimited(f"rate limited: {key!r}", decision=decision)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import weakref
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Hashable
 
 from .._aio import finish
 from .._errors import RateLimited
@@ -50,37 +50,33 @@ class _Line:
         self.last: Decision | None = None
 
 
-#: per event loop: (backend, the key's first Redis key) -> its line of waiters
-_lines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[int, str], _Line]] = (
+#: per event loop: the line's name (its limiter's, for one key) -> its line of waiters
+_lines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Hashable, _Line]] = (
     weakref.WeakKeyDictionary()
 )
 
-
-class Waitable(Protocol):
-    """What waiting needs of a ``Limiter`` (``_ratelimit`` imports this module, not back)."""
-
-    _reserves: bool
-    _hit_mode: int
-
-    @property
-    def backend(self) -> Any: ...
-
-    def _keys(self, backend: Any, key: str) -> list[str]: ...
-
-    async def _decide(self, key: str, cost: int, mode: int, *extra: int) -> Decision: ...
-
-    async def refund(self, key: str, cost: int = 1) -> int: ...
+#: ``attempt(key, cost, booking_us)``: one try of the limiter; a limiter that books (a
+#: TokenBucket) may book a slot up to ``booking_us`` ahead, and answers when it falls.
+Attempt = Callable[[str, int, int], Awaitable[Decision]]
+#: ``refund(key, cost)``: give back a booked slot (the waiter was cancelled before it).
+Refund = Callable[[str, int], Awaitable[int]]
 
 
-async def wait(limiter: Waitable, key: str, cost: int, timeout: float | None) -> Decision:
-    """Admit ``cost`` for ``key`` once the limiter allows, within ``timeout`` seconds."""
+async def wait(
+    attempt: Attempt,
+    refund: Refund,
+    name: Hashable,
+    key: str,
+    cost: int,
+    timeout: float | None,
+) -> Decision:
+    """Admit ``cost`` for ``key`` once ``attempt`` allows, within ``timeout`` seconds;
+    ``name`` names the line of waiters (one per limiter, key and backend)."""
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     lines = _lines.get(loop)
     if lines is None:
         lines = _lines[loop] = {}
-    backend = limiter.backend
-    name = (id(backend), limiter._keys(backend, key)[0])
     line = lines.get(name)
     if line is None:
         line = lines[name] = _Line()
@@ -95,7 +91,7 @@ async def wait(limiter: Waitable, key: str, cost: int, timeout: float | None) ->
                     await me
             except TimeoutError:
                 raise _timed_out(key, timeout, line.last) from None
-        return await _head(limiter, line, key, cost, deadline, timeout)
+        return await _head(attempt, refund, line, key, cost, deadline, timeout)
     finally:
         # Leave the line; the next waiter becomes its head and tries at once.
         if waiters and waiters[0] is me:
@@ -109,7 +105,8 @@ async def wait(limiter: Waitable, key: str, cost: int, timeout: float | None) ->
 
 
 async def _head(
-    limiter: Waitable,
+    attempt: Attempt,
+    refund: Refund,
     line: _Line,
     key: str,
     cost: int,
@@ -119,11 +116,8 @@ async def _head(
     """The head of the line: try, and sleep until the try can succeed, until admitted."""
     loop = asyncio.get_running_loop()
     while True:
-        if limiter._reserves:
-            left = NO_LIMIT_US if deadline is None else int((deadline - loop.time()) * 1e6)
-            decision = await limiter._decide(key, cost, 1, max(left, 0))
-        else:
-            decision = await limiter._decide(key, cost, limiter._hit_mode)
+        left = NO_LIMIT_US if deadline is None else int((deadline - loop.time()) * 1e6)
+        decision = await attempt(key, cost, max(left, 0))
         line.last = decision
         if decision.allowed:
             if decision.retry_after == 0:
@@ -133,7 +127,7 @@ async def _head(
             try:
                 await asyncio.sleep(decision.retry_after + TIMER_SLACK)
             except asyncio.CancelledError:
-                await finish(limiter.refund(key, cost))
+                await finish(refund(key, cost))
                 raise
             return Decision(
                 True, decision.limit, decision.remaining, decision.reset_after, 0.0, cost

@@ -1,15 +1,12 @@
 """HTTP answers: what the web faces send back once a limiter or a store has decided.
 
 - the IETF ``RateLimit`` / ``RateLimit-Policy`` fields (draft-ietf-httpapi-ratelimit-headers)
-  and ``Retry-After``, computed from a ``Decision``, and on request the legacy
-  ``X-RateLimit-Limit`` / ``-Remaining`` / ``-Reset`` trio;
+  and ``Retry-After``, computed from a ``Decision``, on request the legacy
+  ``X-RateLimit-Limit`` / ``-Remaining`` / ``-Reset`` trio, and ``X-RateLimit-Shadow``;
 - ``Refusal``: a refused request as a ``respond=`` hook sees it, to shape the answer;
 - RFC 9457 problem bodies (``application/problem+json``) and their detail texts, so the ASGI
   middleware and the FastAPI dependencies word a refusal the same way;
 - the throttled WARNING line for a backend outage.
-
-Sits under ``_asgi_ratelimit``, ``_asgi_idempotency`` and ``fastapi.py``; reads the limiters
-and ``Decision``, and no other web module but ``_asgi_types``.
 """
 
 from __future__ import annotations
@@ -33,6 +30,9 @@ log = logging.getLogger("aioratelimit")
 
 #: Seconds a client is told to wait (``Retry-After``) when the backend is unreachable.
 UNAVAILABLE_RETRY_AFTER = 5
+#: The failure policies of a web face (``on_unavailable=``): ``"deny"`` answers 503,
+#: ``"allow"`` lets the request through; a rate-limit face also takes a ``Fallback``.
+WEB_POLICIES = ("deny", "allow")
 
 
 def check_limiter(limiter: object) -> Limiter:
@@ -60,16 +60,27 @@ def seconds_header(seconds: float) -> int:
     return max(1, math.ceil(seconds - 1e-9))
 
 
-def retry_after(seconds: float) -> tuple[bytes, bytes]:
+def retry_after_field(seconds: float) -> tuple[bytes, bytes]:
     """The ``Retry-After`` field for a wait of ``seconds``."""
     return (b"retry-after", str(seconds_header(seconds)).encode())
+
+
+#: The field a shadow decision adds to the response: what the limit said.
+SHADOW_HEADER = b"x-ratelimit-shadow"
+
+
+def shadow_fields(decision: Decision) -> list[tuple[bytes, bytes]]:
+    """``X-RateLimit-Shadow: denied`` (or ``allowed``) for a shadow decision; else none."""
+    if not decision.shadow:
+        return []
+    return [(SHADOW_HEADER, b"denied" if decision.shadow_denied else b"allowed")]
 
 
 def _whole(seconds: float) -> int:
     return max(0, math.ceil(seconds - 1e-9))
 
 
-class Policy:
+class QuotaPolicy:
     """A limiter's quota policies under one name, and the header values they produce.
 
     A limiter with one rate is one policy named ``name``; with several, one policy per rate,
@@ -133,7 +144,7 @@ class Policy:
             (b"ratelimit", self.ratelimit(decision)),
         ]
         if not decision.allowed:
-            fields.append(retry_after(decision.retry_after))
+            fields.append(retry_after_field(decision.retry_after))
         if legacy:
             t = self.reset_seconds(decision)
             fields += [
@@ -182,7 +193,7 @@ def refusal(
 
 #: ``respond=`` of the middleware: builds the answer to a refusal, as any ASGI app (a
 #: Starlette ``Response`` is one), sync or async.
-RespondFunc = Callable[[Refusal], ASGIApp | Awaitable[ASGIApp]]
+RespondWithApp = Callable[[Refusal], ASGIApp | Awaitable[ASGIApp]]
 
 
 def check_respond(respond: object) -> Any:
@@ -271,12 +282,13 @@ class OutageLog:
         self._last = -math.inf
         self._suppressed = 0
 
-    def __call__(self, exc: BaseException, fail_open: bool) -> None:
+    def __call__(self, exc: BaseException, allowed: bool) -> None:
+        """Log ``exc``; ``allowed``: the request passes (``on_unavailable="allow"``)."""
         now = time.monotonic()
         if now - self._last < self._every:
             self._suppressed += 1
             return
-        action = "letting requests through (fail open)" if fail_open else "answering 503"
+        action = "letting requests through (fail open)" if allowed else "answering 503"
         more = (
             f" ({self._suppressed} more failures since the last line)" if self._suppressed else ""
         )

@@ -2,10 +2,9 @@
 
 ``IdempotencyMiddleware`` reads and checks the key, buffers the request body (bounded by
 ``max_body``) to fingerprint it, then claims the key in an ``IdempotencyStore``: the first
-request runs the app under a ``Recorder`` from ``_response_records`` and its response is
-stored; a repeat is answered from the record. ``asgi.py`` re-exports the class (and
-``parse_idempotency_key``); the client key and the problem answers come from
-``_request_keys`` and ``_http_answers``.
+request runs the app under a ``ResponseCopy`` and its response is stored; a repeat is
+answered from the record. The key's parsing and the fingerprint are shared with the
+FastAPI ``IdempotencyKey`` dependency.
 """
 
 from __future__ import annotations
@@ -15,20 +14,23 @@ import inspect
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Literal
 
-from .._args import check_int, check_seconds
+from .._args import check_int, check_timeout
 from .._backend import Backend
 from .._errors import BackendUnavailable, IdempotencyKeyMismatch
 from .._idempotency.store import Claimed, IdempotencyStore, InProgress, Replay
+from .._limits.failure import check_on_unavailable
 from .answers import (
     UNAVAILABLE_RETRY_AFTER,
+    WEB_POLICIES,
     OutageLog,
-    retry_after,
+    retry_after_field,
     send_problem,
     unavailable_detail,
 )
-from .records import Recorder, send_recorded
-from .request_keys import KeyFunc, check_key_func, client_ip, header_values, resolve, user_id
+from .clients import ClientFunc, check_client_func, client_ip, header_values, resolve, user_id
+from .records import ResponseCopy, send_recorded
 from .routes import Template, matches_any, methods_of, route_path, templates
 from .types import ASGIApp, Message, Receive, Scope, Send
 
@@ -64,10 +66,19 @@ def request_fingerprint(scope: Scope, body: bytes) -> bytes:
     )
 
 
-def default_client() -> KeyFunc:
+def default_client() -> ClientFunc:
     """Whose keys a request's are: the authenticated user in ``scope["user"]`` (Starlette's
     ``AuthenticationMiddleware``), else the client's IP address."""
     return user_id(fallback=client_ip())
+
+
+def check_wait(wait: object) -> bool:
+    """``wait=`` of the idempotency faces: a bool (``timeout=`` bounds it), as everywhere."""
+    if not isinstance(wait, bool):
+        raise TypeError(
+            f"wait must be a bool (bound the wait with timeout=), not {type(wait).__name__}"
+        )
+    return wait
 
 
 def status_filter(stored: Iterable[int] | Callable[[int], bool]) -> Callable[[int], bool]:
@@ -145,16 +156,18 @@ class IdempotencyMiddleware:
 
     - ``400`` (problem+json) when the key is malformed, or missing on a path that requires
       it (``require=True``: every path; or a list of path templates);
-    - ``409`` with ``Retry-After`` while the first request with the key still runs (or, with
-      ``wait`` seconds > 0, after waiting that long for it to finish and replaying it);
+    - ``409`` with ``Retry-After`` while the first request with the key still runs; with
+      ``wait=True`` a duplicate waits for it to finish and gets its response, or the 409
+      once ``timeout`` seconds have passed (``None``: as long as the first one runs);
     - ``422`` when the key comes again with another method, path, query or body;
     - ``413`` when the body is over ``max_body`` bytes (never a silent bypass);
     - failures and responses outside ``stored`` are not stored: the key is free for a retry
       at once. A response over ``max_response`` bytes is not stored either (logged).
     - The first request holds the key under a ``lease`` (seconds), renewed while it runs; if
       the process dies, the key is free once the lease has passed.
-    - Backend unreachable: ``503`` with ``Retry-After`` (fail closed), or with
-      ``fail_open=True`` the request runs unprotected; a WARNING either way.
+    - Backend unreachable: ``503`` with ``Retry-After`` (fail closed,
+      ``on_unavailable="deny"``), or with ``on_unavailable="allow"`` the request runs
+      unprotected; a WARNING either way.
     """
 
     __slots__ = (
@@ -165,12 +178,13 @@ class IdempotencyMiddleware:
         "_stored",
         "app",
         "client",
-        "fail_open",
         "fingerprint",
         "max_body",
         "max_response",
         "methods",
+        "on_unavailable",
         "store",
+        "timeout",
         "wait",
     )
 
@@ -182,13 +196,14 @@ class IdempotencyMiddleware:
         methods: Iterable[str] = ("POST", "PATCH"),
         require: bool | Iterable[str] = False,
         exempt: Iterable[str] | str = (),
-        client: KeyFunc | None = None,
+        client: ClientFunc | None = None,
         max_body: int = 1 << 20,
         max_response: int = 1 << 20,
         ttl: float = 86400.0,
         lease: float = 30.0,
-        wait: float = 0.0,
-        fail_open: bool = False,
+        wait: bool = False,
+        timeout: float | None = None,
+        on_unavailable: Literal["deny", "allow"] = "deny",
         name: str = "http",
         unavailable_retry_after: float = UNAVAILABLE_RETRY_AFTER,
         stored: Iterable[int] | Callable[[int], bool] = STORED,
@@ -208,17 +223,19 @@ class IdempotencyMiddleware:
         else:
             self._require = templates(require)
         self._exempt = templates(exempt)
-        client = check_key_func(client, "client")
+        client = check_client_func(client, "client")
         self.client = default_client() if client is None else client
         self.max_body = check_int(max_body, "max_body", minimum=0)
         self.max_response = check_int(max_response, "max_response", minimum=0)
-        self.wait = check_seconds(wait, "wait", allow_zero=True)
-        self.fail_open = bool(fail_open)
+        self.wait = check_wait(wait)
+        self.timeout = check_timeout(timeout)
+        # No Fallback: a key's record has no in-process twin to be counted on.
+        self.on_unavailable = check_on_unavailable(on_unavailable, WEB_POLICIES, fallback=False)
         # Room for the head line (status and headers) on top of the body.
         self.store = IdempotencyStore(
             backend, ttl=ttl, lease=lease, name=name, max_bytes=self.max_response + (64 << 10)
         )
-        self._retry_unavailable = (retry_after(unavailable_retry_after),)
+        self._retry_unavailable = (retry_after_field(unavailable_retry_after),)
         self._outage = OutageLog("IdempotencyMiddleware")
 
     def _required(self, path: str) -> bool:
@@ -265,8 +282,8 @@ class IdempotencyMiddleware:
         fingerprint = await call_fingerprint(self.fingerprint, scope, body)
         replayed = _replayer(body, receive)
         try:
-            if self.wait > 0:
-                outcome = await self.store.wait(key, fingerprint, timeout=self.wait)
+            if self.wait:
+                outcome = await self.store.wait(key, fingerprint, timeout=self.timeout)
             else:
                 outcome = await self.store.claim(key, fingerprint)
         except IdempotencyKeyMismatch:
@@ -278,8 +295,9 @@ class IdempotencyMiddleware:
             )
             return
         except BackendUnavailable as exc:
-            self._outage(exc, self.fail_open)
-            if self.fail_open:
+            allow = self.on_unavailable == "allow"
+            self._outage(exc, allow)
+            if allow:
                 await self.app(scope, replayed, send)
             else:
                 await send_problem(
@@ -292,7 +310,7 @@ class IdempotencyMiddleware:
                 send,
                 409,
                 "a request with this Idempotency-Key is still being processed",
-                (retry_after(1),),
+                (retry_after_field(1),),
             )
             return
         if isinstance(outcome, Replay):
@@ -301,11 +319,11 @@ class IdempotencyMiddleware:
         await self._run(scope, replayed, send, outcome)
 
     async def _run(self, scope: Scope, receive: Receive, send: Send, claimed: Claimed) -> None:
-        recorder = Recorder(send, self.max_response)
+        copy = ResponseCopy(send, self.max_response)
         async with self.store.running(claimed):
-            await self.app(scope, receive, recorder)
-            if not recorder.storable(self._stored):
-                if recorder.overflow and recorder.complete:
+            await self.app(scope, receive, copy)
+            if not copy.storable(self._stored):
+                if copy.overflow and copy.complete:
                     log.warning(
                         "IdempotencyMiddleware: the response to %s %s is over max_response"
                         " (%d bytes) or not replayable: not stored, the key is free again",
@@ -315,10 +333,10 @@ class IdempotencyMiddleware:
                     )
                 return  # leaving the block releases the key
             try:
-                await self.store.complete(claimed, recorder.payload())
+                await self.store.complete(claimed, copy.payload())
             except BackendUnavailable as exc:
                 # The client has its response; a retry will run again once the lease passes.
-                self._outage(exc, self.fail_open)
+                self._outage(exc, self.on_unavailable == "allow")
 
     @staticmethod
     def _declared_length(scope: Scope) -> int:
@@ -337,7 +355,10 @@ class IdempotencyMiddleware:
 
     def __repr__(self) -> str:
         methods = ",".join(sorted(self.methods))
-        return f"<IdempotencyMiddleware {methods} {self.store!r} fail_open={self.fail_open}>"
+        return (
+            f"<IdempotencyMiddleware {methods} {self.store!r}"
+            f" on_unavailable={self.on_unavailable!r}>"
+        )
 
 
 def _replayer(body: bytes, receive: Receive) -> Receive:

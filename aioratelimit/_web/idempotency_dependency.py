@@ -1,18 +1,18 @@
 """``Depends(IdempotencyKey(...))``: the ``Idempotency-Key`` of one FastAPI route.
 
 A dependency runs before the endpoint and never sees its response, so this one works on the
-endpoint's *result*: it reads and checks the key (400), scopes it per principal (the value
-of any FastAPI dependency, such as the route's own authentication: FastAPI auth never fills
-``scope["user"]``), binds it to the request's fingerprint (422) and claims it (409 while
-the first request runs). Its value, an ``IdempotentRequest``, runs the side effect once::
+endpoint's *result*: it reads and checks the key (400), scopes it per client (a client
+function, or the value of any FastAPI dependency, such as the route's own authentication:
+FastAPI auth never fills ``scope["user"]``), binds it to the request's fingerprint (422)
+and claims it (409 while the first request runs). Its value, an ``IdempotentRequest``, runs
+the side effect once::
 
     return await idem.run(charge, account, payment)
 
-The first request runs ``charge`` and stores its result (``_results.Codec``: pydantic models
-and dataclasses included); a retry gets that result back without running anything, and
-FastAPI turns it into the same response, marked ``Idempotent-Replayed: true``. Reads the
-ASGI middleware's key parsing and fingerprint (``_asgi_idempotency``); ``fastapi.py``
-re-exports both classes.
+The first request runs ``charge`` and stores its result (pydantic models and dataclasses
+included); a retry gets that result back without running anything, and FastAPI turns it
+into the same response, marked ``Idempotent-Replayed: true``. The key is parsed and the
+request fingerprinted as the ASGI middleware does.
 """
 
 from __future__ import annotations
@@ -20,27 +20,29 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, Literal, ParamSpec, TypeVar, cast
 
-from fastapi import Depends, Request, Response
+from fastapi import Request, Response, params
 
-from .._args import check_int, check_seconds
+from .._args import check_int, check_timeout
 from .._backend import Backend
 from .._errors import BackendUnavailable, IdempotencyKeyMismatch
 from .._idempotency.results import JSON, RECORD_OVERHEAD, Codec, Serializer
 from .._idempotency.store import MAX_RESULT_BYTES, Claimed, IdempotencyStore, InProgress, Replay
+from .._limits.failure import check_on_unavailable
 from .._public import NoPublicConstructor
-from .answers import UNAVAILABLE_RETRY_AFTER, OutageLog
+from .answers import UNAVAILABLE_RETRY_AFTER, WEB_POLICIES, OutageLog
+from .clients import ClientFunc, check_client_func, identity, resolve
 from .idempotency import (
     MAX_IDEMPOTENCY_KEY,
     FingerprintFunc,
     call_fingerprint,
+    check_wait,
     default_client,
     parse_idempotency_key,
     request_fingerprint,
 )
 from .problems import ProblemException, unavailable
-from .request_keys import KeyFunc, check_key_func, identity, resolve
 
 log = logging.getLogger("aioratelimit")
 
@@ -56,7 +58,7 @@ class IdempotentRequest(metaclass=NoPublicConstructor):
     ``fn`` once per key, or returns the result the first request with the key stored.
 
     ``key`` is the ``Idempotency-Key`` (``None`` when the request has none and the key is
-    optional, or when the backend is down and the dependency fails open: then ``run``
+    optional, or when the backend is down and ``on_unavailable="allow"``: then ``run``
     simply runs ``fn``); ``replayed`` tells whether this request is a retry being answered
     from the store.
     """
@@ -112,23 +114,27 @@ class _InstanceSignature:
 
 
 class IdempotencyKey:
-    """``Depends(IdempotencyKey(principal=current_account))``: ``Idempotency-Key`` for one
-    route; the dependency's value is an ``IdempotentRequest`` (see the module docstring).
+    """``Depends(IdempotencyKey(client=Depends(current_account)))``: ``Idempotency-Key``
+    for one route; the dependency's value is an ``IdempotentRequest`` (see the module
+    docstring).
 
     - ``400`` when the key is malformed, or missing and ``required`` (the default; with
       ``required=False`` a request without a key runs unprotected);
-    - the key is scoped per principal: the value of the FastAPI dependency ``principal``
-      (a str or int id, or an object with ``identity``, ``id`` or ``username``), shared with
-      the endpoint's own ``Depends(principal)`` (FastAPI runs it once). Without one, or when
-      it answers ``None``, ``client(scope)``: by default ``scope["user"]``, else the IP;
+    - the key is scoped per client: ``client`` is a client function of the scope, as the
+      middleware's, or ``Depends(dependency)``, any FastAPI dependency (the route's own
+      authentication: FastAPI auth never fills ``scope["user"]``), whose value is a str or
+      int id, or an object with ``identity``, ``id`` or ``username``; FastAPI runs it once
+      for this dependency and the endpoint. When it answers ``None``, or without
+      ``client``: ``scope["user"]``, else the IP;
     - ``422`` when the key comes again with another ``fingerprint(scope, body)`` (by
       default the method, path, query string and body);
-    - ``409`` with ``Retry-After`` while the first request runs (or, with ``wait`` seconds,
-      after waiting that long for its result);
+    - ``409`` with ``Retry-After`` while the first request runs; with ``wait=True`` a
+      duplicate waits for its result, or gets the 409 once ``timeout`` seconds have passed
+      (``None``: as long as the first one runs);
     - if the endpoint raises, nothing is stored and the key is free at once; ``ttl``,
       ``lease``, ``serializer`` and ``max_result_bytes`` are ``@arl.idempotent``'s;
-    - backend unreachable: ``503`` with ``Retry-After``, or with ``fail_open=True`` the
-      endpoint runs unprotected; a WARNING either way.
+    - backend unreachable: ``503`` with ``Retry-After``, or with
+      ``on_unavailable="allow"`` the endpoint runs unprotected; a WARNING either way.
     """
 
     __slots__ = (
@@ -138,66 +144,70 @@ class IdempotencyKey:
         "_retry_unavailable",
         "_signature",
         "client",
-        "fail_open",
         "fingerprint",
+        "on_unavailable",
         "required",
         "serializer",
         "store",
+        "timeout",
         "wait",
     )
 
     def __init__(
         self,
         *,
-        principal: Callable[..., Any] | None = None,
-        client: KeyFunc | None = None,
+        client: ClientFunc | params.Depends | None = None,
         required: bool = True,
         fingerprint: FingerprintFunc | None = None,
         ttl: float = 86400.0,
         lease: float = 30.0,
-        wait: float = 0.0,
+        wait: bool = False,
+        timeout: float | None = None,
         serializer: Serializer = JSON,
         max_result_bytes: int = MAX_RESULT_BYTES,
-        fail_open: bool = False,
+        on_unavailable: Literal["deny", "allow"] = "deny",
         name: str = "route",
         backend: Backend | None = None,
         unavailable_retry_after: float = UNAVAILABLE_RETRY_AFTER,
     ) -> None:
-        if principal is not None and not callable(principal):
-            raise TypeError(f"principal must be a dependency, not {type(principal).__name__}")
+        dependency, func = None, None
+        if isinstance(client, params.Depends):
+            dependency = client
+        else:
+            func = check_client_func(client, "client")
         if fingerprint is not None and not callable(fingerprint):
             raise TypeError(f"fingerprint must be a callable, not {type(fingerprint).__name__}")
         if not all(callable(getattr(serializer, m, None)) for m in ("dumps", "loads")):
             raise TypeError("serializer must have dumps(obj) and loads(data) methods")
-        self.client = check_key_func(client, "client") or default_client()
+        #: whose keys a request's are when no dependency says (or it answers None)
+        self.client = func or default_client()
         self.required = bool(required)
         self.fingerprint = fingerprint or request_fingerprint
-        self.wait = check_seconds(wait, "wait", allow_zero=True)
+        self.wait = check_wait(wait)
+        self.timeout = check_timeout(timeout)
         self.serializer = serializer
         self._max_result_bytes = check_int(max_result_bytes, "max_result_bytes")
-        self.fail_open = bool(fail_open)
+        # No Fallback: a key's record has no in-process twin to be counted on.
+        self.on_unavailable = check_on_unavailable(on_unavailable, WEB_POLICIES, fallback=False)
         self.store = IdempotencyStore(
             backend, ttl=ttl, lease=lease, name=name, max_bytes=max_result_bytes + RECORD_OVERHEAD
         )
         self._retry_unavailable = unavailable_retry_after
         self._outage = OutageLog("IdempotencyKey dependency")
         self._codecs: dict[Callable[..., Any], Codec] = {}
-        # FastAPI reads the parameters from this signature: the principal is a dependency
-        # of ours, so FastAPI resolves it (once per request, shared with the endpoint).
-        params = [
+        # FastAPI reads the parameters from this signature: a client dependency is one of
+        # ours, so FastAPI resolves it (once per request, shared with the endpoint).
+        parameters = [
             inspect.Parameter("request", inspect.Parameter.KEYWORD_ONLY, annotation=Request),
             inspect.Parameter("response", inspect.Parameter.KEYWORD_ONLY, annotation=Response),
         ]
-        if principal is not None:
-            params.append(
+        if dependency is not None:
+            parameters.append(
                 inspect.Parameter(
-                    "principal",
-                    inspect.Parameter.KEYWORD_ONLY,
-                    default=Depends(principal),
-                    annotation=Any,
+                    "client", inspect.Parameter.KEYWORD_ONLY, default=dependency, annotation=Any
                 )
             )
-        self._signature = inspect.Signature(params)
+        self._signature = inspect.Signature(parameters)
 
     #: What FastAPI reads as the dependency's parameters: this instance's signature.
     __signature__ = _InstanceSignature()
@@ -212,7 +222,7 @@ class IdempotencyKey:
         return codec
 
     async def __call__(
-        self, *, request: Request, response: Response, principal: Any = None
+        self, *, request: Request, response: Response, client: Any = None
     ) -> AsyncIterator[IdempotentRequest]:
         values = request.headers.getlist("idempotency-key")
         if not values:
@@ -227,12 +237,12 @@ class IdempotencyKey:
                 "malformed Idempotency-Key: expected one quoted string of 1 to"
                 f" {MAX_IDEMPOTENCY_KEY} visible ASCII characters",
             )
-        who = identity(principal) or await resolve(self.client, request.scope) or "-"
+        who = identity(client) or await resolve(self.client, request.scope) or "-"
         key = f"{len(who)}:{who}:{idem}"
         fp = await call_fingerprint(self.fingerprint, request.scope, await request.body())
         try:
-            if self.wait > 0:
-                outcome = await self.store.wait(key, fp, timeout=self.wait)
+            if self.wait:
+                outcome = await self.store.wait(key, fp, timeout=self.timeout)
             else:
                 outcome = await self.store.claim(key, fp)
         except IdempotencyKeyMismatch:
@@ -242,8 +252,9 @@ class IdempotencyKey:
                 " (method, path, query or body differ)",
             ) from None
         except BackendUnavailable as exc:
-            self._outage(exc, self.fail_open)
-            if not self.fail_open:
+            allow = self.on_unavailable == "allow"
+            self._outage(exc, allow)
+            if not allow:
                 raise unavailable("idempotency", self._retry_unavailable) from exc
             outcome = None
         if outcome is None:

@@ -1,11 +1,9 @@
 """Which limiter, cost and policy a request is counted under.
 
-``RateLimitMiddleware``, its ``Rule``s and the FastAPI ``RateLimit`` dependency take a
-limiter, or a ``LimiterFunc``: a callable given the request's scope (sync or async) that
-picks the limiter, and the cost if it likes, per request. That is how tiers are written
-("free" 10 a minute, "pro" 1000) without one middleware per tier. ``Plan`` holds either and
-answers each request with a ``Pick``. Reads ``_http_answers`` (the policies) and
-``_request_keys`` (the key function), and no middleware module.
+A rate-limit face takes a limiter, or a ``LimiterFunc``: a callable given the request's
+scope (sync or async) that picks the limiter, and the cost if it likes, per request. That
+is how tiers are written ("free" 10 a minute, "pro" 1000) without one middleware per tier.
+``Plan`` holds either and answers each request with a ``Pick``.
 """
 
 from __future__ import annotations
@@ -15,8 +13,8 @@ from collections.abc import Awaitable, Callable
 
 from .._args import check_int
 from .._limits.limiter import Limiter
-from .answers import Policy, check_limiter
-from .request_keys import KeyFunc
+from .answers import QuotaPolicy, check_limiter
+from .clients import ClientFunc
 from .types import Scope
 
 #: What a ``LimiterFunc`` answers: a limiter (counted at the plan's cost), a limiter and
@@ -31,41 +29,44 @@ POLICY_CACHE = 256
 
 
 class Pick:
-    """One request's limiter, cost, key function and policy."""
+    """One request's limiter, cost, client function and policy."""
 
-    __slots__ = ("cost", "key", "limiter", "policy")
+    __slots__ = ("client", "cost", "limiter", "policy")
 
-    def __init__(self, limiter: Limiter, cost: int, key: KeyFunc, policy: Policy) -> None:
-        self.limiter, self.cost, self.key, self.policy = limiter, cost, key, policy
+    def __init__(
+        self, limiter: Limiter, cost: int, client: ClientFunc, policy: QuotaPolicy
+    ) -> None:
+        self.limiter, self.cost, self.client, self.policy = limiter, cost, client, policy
 
 
 class Plan:
-    """A limiter or a ``LimiterFunc``, with the key, cost and policy name that go with it.
+    """A limiter or a ``LimiterFunc``, with the client function, cost and policy name that
+    go with it.
 
     The policy is named ``name`` if given, else the limiter's own ``name``, else
-    ``fallback_name``.
+    ``default_name``.
     """
 
-    __slots__ = ("_cost", "_fixed", "_func", "_policies", "fallback_name", "key", "name")
+    __slots__ = ("_cost", "_fixed", "_func", "_policies", "client", "default_name", "name")
 
     def __init__(
         self,
         limiter: Limiter | LimiterFunc,
-        key: KeyFunc,
+        client: ClientFunc,
         cost: int,
         name: str | None,
-        fallback_name: str,
+        default_name: str,
     ) -> None:
         if name is not None:
-            Policy.check_name(name)
-        Policy.check_name(fallback_name)
-        self.key, self.name, self.fallback_name = key, name, fallback_name
-        self._policies: dict[Limiter, Policy] = {}
+            QuotaPolicy.check_name(name)
+        QuotaPolicy.check_name(default_name)
+        self.client, self.name, self.default_name = client, name, default_name
+        self._policies: dict[Limiter, QuotaPolicy] = {}
         self._fixed: Pick | None = None
         self._func: LimiterFunc | None = None
         if isinstance(limiter, Limiter):
             fixed = check_limiter(limiter)
-            self._fixed = Pick(fixed, fixed._check_cost(cost), key, self._policy(fixed))
+            self._fixed = Pick(fixed, fixed._check_cost(cost), client, self._policy(fixed))
         elif callable(limiter):
             self._func = limiter
         else:
@@ -79,12 +80,12 @@ class Plan:
     def limiter(self) -> Limiter | LimiterFunc:
         return self._fixed.limiter if self._fixed is not None else self._func  # type: ignore[return-value]
 
-    def _policy(self, limiter: Limiter) -> Policy:
+    def _policy(self, limiter: Limiter) -> QuotaPolicy:
         policy = self._policies.get(limiter)
         if policy is None:
             if len(self._policies) >= POLICY_CACHE:
                 self._policies.clear()
-            policy = Policy(limiter, self.name or limiter.name or self.fallback_name)
+            policy = QuotaPolicy(limiter, self.name or limiter.name or self.default_name)
             self._policies[limiter] = policy
         return policy
 
@@ -108,7 +109,7 @@ class Plan:
                 f" not {choice!r}"
             )
         # A cost above this limiter's limit is a bug in the function: ValueError, no hit.
-        return Pick(limiter, limiter._check_cost(cost), self.key, self._policy(limiter))
+        return Pick(limiter, limiter._check_cost(cost), self.client, self._policy(limiter))
 
     def __repr__(self) -> str:
         return repr(self.limiter)

@@ -1,9 +1,9 @@
 """FastAPI's side of a refusal: ``ProblemException`` and the handler that renders it.
 
-The FastAPI dependencies (``fastapi.py``, ``_fastapi_idempotency``) raise
-``ProblemException``, an ``HTTPException``; ``add_problem_handler(app)`` renders it as an RFC
-9457 ``application/problem+json`` document, the same one the ASGI middleware sends, or as
-the response a ``respond=`` hook built. Imports FastAPI: only those two modules use it.
+The FastAPI dependencies raise ``ProblemException``, an ``HTTPException``;
+``add_problem_handler(app)`` renders it as an RFC 9457 ``application/problem+json``
+document, the same one the ASGI middleware sends, or as the response a ``respond=`` hook
+built. It imports FastAPI, so nothing the ASGI middleware uses may import it.
 """
 
 from __future__ import annotations

@@ -1,35 +1,26 @@
-"""The ASGI rate-limit middleware and its per-route ``Rule``.
-
-``RateLimitMiddleware`` picks a plan per request (exempt, a rule, or the default limiter),
-resolves the request's key, makes one hit and answers from the decision: the app runs with
-the ``RateLimit`` fields added, or the client gets a 429 or 503 problem. ``asgi.py``
-re-exports both classes; keys come from ``_request_keys``, answers from ``_http_answers``.
+"""The ASGI rate-limit middleware and its per-route ``Rule``: which plan a request falls
+under (exempt, a rule, or the default), then the request flow's verdict answered in ASGI
+messages (the app runs with the ``RateLimit`` fields added, or a 429 or 503 is sent).
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
-from .._errors import BackendUnavailable
 from .._limits.failure import Breaker, Fallback
 from .._limits.limiter import Limiter
-from .._rates import Decision
 from .answers import (
     UNAVAILABLE_RETRY_AFTER,
-    OutageLog,
-    RespondFunc,
+    RespondWithApp,
     check_respond,
-    exceeded_detail,
-    refusal,
-    retry_after,
     send_problem,
-    unavailable_detail,
     with_headers,
 )
-from .plans import LimiterFunc, Pick, Plan
-from .policy import WebPolicy, shadow_fields
-from .request_keys import KeyFunc, check_key_func, client_ip, resolve
+from .clients import ClientFunc, check_client_func, client_ip
+from .flow import RateLimitFlow
+from .plans import LimiterFunc, Plan
 from .routes import Template, matches_any, methods_of, route_path, templates
 from .types import ASGIApp, Receive, Scope, Send
 
@@ -41,12 +32,12 @@ class Rule:
     matches one path segment and ``{name:path}`` the rest of the path, matched against the
     path inside the application (a mount prefix or ``root_path`` left out). ``limiter`` is a
     limiter, or a function of the scope that picks one (and the cost) per request (see
-    ``RateLimitMiddleware``). ``key`` (default: the middleware's) and ``cost`` apply to
+    ``RateLimitMiddleware``). ``client`` (default: the middleware's) and ``cost`` apply to
     requests of this route; ``name`` is the policy name in the ``RateLimit`` headers
     (default: the limiter's ``name`` if it has one, else the middleware's ``policy_name``).
     """
 
-    __slots__ = ("cost", "key", "limiter", "methods", "name", "template")
+    __slots__ = ("client", "cost", "limiter", "methods", "name", "template")
 
     def __init__(
         self,
@@ -54,16 +45,16 @@ class Rule:
         path: str,
         limiter: Limiter | LimiterFunc,
         *,
-        key: KeyFunc | None = None,
+        client: ClientFunc | None = None,
         cost: int = 1,
         name: str | None = None,
     ) -> None:
         self.methods = methods_of(method)
         self.template = Template.compile(path)
-        self.key = check_key_func(key, "key")
+        self.client = check_client_func(client, "client")
         self.name = name
         self.limiter = limiter
-        # Checked here, with its own name and a placeholder key, so a bad rule fails at once.
+        # Checked here, with its own name and a placeholder client, so a bad rule fails at once.
         self.cost = Plan(limiter, client_ip(), cost, name, "default")._cost
 
     def matches(self, method: str, path: str) -> bool:
@@ -83,8 +74,8 @@ class RateLimitMiddleware:
     rule matches take ``limiter`` (if given; else they are not limited); paths matching an
     ``exempt`` template are never counted. Paths are those inside the application: under
     Starlette's ``Mount("/api", ...)`` or a server's ``root_path``, ``exempt=["/health"]``
-    covers ``/api/health``. ``key(scope)`` (sync or async) names the client to count under;
-    returning ``None`` leaves that request unlimited.
+    covers ``/api/health``. ``client(scope)`` (sync or async) names the client to count
+    under; returning ``None`` leaves that request unlimited.
 
     ``limiter`` (and a rule's) may be a function of the scope instead, sync or async, that
     picks the limiter per request: it returns a limiter (counted at ``cost``), a
@@ -99,69 +90,62 @@ class RateLimitMiddleware:
     429 or 503 instead: it returns any ASGI app, such as a Starlette ``Response``.
 
     When the backend is unreachable the request gets ``503`` with ``Retry-After`` (fail
-    closed, ``on_unavailable="deny"``), or with ``on_unavailable="allow"`` (or
-    ``fail_open=True``) passes unlimited, or with ``on_unavailable=Fallback(share)`` is
+    closed, ``on_unavailable="deny"``), or with ``on_unavailable="allow"`` passes
+    unlimited, or with ``on_unavailable=Fallback(share)`` is
     counted on an in-process limiter with ``share`` of the limits; either way a WARNING
     goes to the ``aioratelimit`` logger (at most one line per 10 s during an outage, with a
     count). ``breaker=Breaker(...)`` stops calling the backend for a cool-down after
-    consecutive failures (``_web_policy``). ``shadow=True`` never refuses: the request
+    consecutive failures. ``shadow=True`` never refuses: the request
     passes, with ``X-RateLimit-Shadow: denied`` when the limit would have refused it.
     WebSocket and lifespan scopes pass through untouched.
     """
 
-    __slots__ = (
-        "_default",
-        "_exempt",
-        "_outage",
-        "_policy",
-        "_retry_unavailable",
-        "_rules",
-        "app",
-        "fail_open",
-        "legacy_headers",
-        "respond",
-    )
+    __slots__ = ("_default", "_exempt", "_flow", "_rules", "app", "respond")
 
     def __init__(
         self,
         app: ASGIApp,
         limiter: Limiter | LimiterFunc | None = None,
         *,
-        key: KeyFunc | None = None,
+        client: ClientFunc | None = None,
         rules: Sequence[Rule] = (),
         exempt: Iterable[str] | str = (),
-        fail_open: bool = False,
         policy_name: str | None = None,
         cost: int = 1,
         unavailable_retry_after: float = UNAVAILABLE_RETRY_AFTER,
         legacy_headers: bool = False,
-        respond: RespondFunc | None = None,
-        on_unavailable: str | Fallback | None = None,
+        respond: RespondWithApp | None = None,
+        on_unavailable: Literal["deny", "allow"] | Fallback = "deny",
         breaker: Breaker | None = None,
         shadow: bool = False,
     ) -> None:
-        key = check_key_func(key, "key")
-        if key is None:
-            key = client_ip()
+        client = check_client_func(client, "client")
+        if client is None:
+            client = client_ip()
         for rule in rules:
             if not isinstance(rule, Rule):
                 raise TypeError(f"rules must hold Rule objects, not {type(rule).__name__}")
         if limiter is None and not rules:
             raise ValueError("RateLimitMiddleware needs a limiter, rules, or both")
         self.app = app
-        self._policy = WebPolicy(on_unavailable, bool(fail_open), breaker, shadow)
-        self.fail_open = self._policy.fail_open
-        self.legacy_headers = bool(legacy_headers)
+        self._flow = RateLimitFlow(
+            "RateLimitMiddleware",
+            on_unavailable=on_unavailable,
+            breaker=breaker,
+            shadow=shadow,
+            legacy_headers=legacy_headers,
+            unavailable_retry_after=unavailable_retry_after,
+        )
         self.respond = check_respond(respond)
         self._exempt = templates(exempt)
         fallback = policy_name or "default"
         self._rules = [
-            (rule, Plan(rule.limiter, rule.key or key, rule.cost, rule.name, fallback))
+            (rule, Plan(rule.limiter, rule.client or client, rule.cost, rule.name, fallback))
             for rule in rules
         ]
-        self._default = None if limiter is None else Plan(limiter, key, cost, policy_name, fallback)
-        self._retry_unavailable = (retry_after(unavailable_retry_after),)
-        self._outage = OutageLog("RateLimitMiddleware")
+        self._default = (
+            None if limiter is None else Plan(limiter, client, cost, policy_name, fallback)
+        )
 
     def _plan(self, method: str, path: str) -> Plan | None:
         if matches_any(self._exempt, path):
@@ -176,53 +160,30 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send)
             return
         plan = self._plan(scope["method"], route_path(scope))
-        pick = None if plan is None else await plan.pick(scope)
-        key = None if pick is None else await resolve(pick.key, scope)
-        if pick is None or key is None:
+        verdict = None if plan is None else await self._flow.check(plan, scope)
+        if verdict is None:
             await self.app(scope, receive, send)
-            return
-        try:
-            decision = await self._policy.hit(pick.limiter, key, pick.cost)
-        except BackendUnavailable as exc:
-            self._outage(exc, self.fail_open)
-            if self.fail_open:
-                await self.app(scope, receive, send)
-            else:
-                detail = unavailable_detail("rate limit")
-                await self._refuse(scope, receive, send, 503, detail, self._retry_unavailable)
-            return
-        headers = pick.policy.headers(decision, self.legacy_headers)
-        if decision.shadow:
-            headers = [*headers, *shadow_fields(decision)]
-        if not decision.allowed:
-            detail = exceeded_detail(decision)
-            await self._refuse(scope, receive, send, 429, detail, headers, decision, pick)
-            return
-        await self.app(scope, receive, with_headers(send, headers))
+        elif verdict.status == 200:
+            await self.app(scope, receive, with_headers(send, verdict.fields))
+        elif self.respond is None:
+            await send_problem(send, verdict.status, verdict.detail, verdict.fields)
+        else:
+            answer = self.respond(verdict.refusal(scope))
+            if inspect.isawaitable(answer):
+                answer = await answer
+            await answer(scope, receive, send)
 
-    async def _refuse(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        status: int,
-        detail: str,
-        headers: Sequence[tuple[bytes, bytes]],
-        decision: Decision | None = None,
-        pick: Pick | None = None,
-    ) -> None:
-        if self.respond is None:
-            await send_problem(send, status, detail, headers)
-            return
-        policy = None if pick is None else pick.policy.name
-        answer = self.respond(refusal(status, detail, headers, scope, decision, policy))
-        if inspect.isawaitable(answer):
-            answer = await answer
-        await answer(scope, receive, send)
+    @property
+    def on_unavailable(self) -> Literal["deny", "allow"] | Fallback:
+        return self._flow.on_unavailable
+
+    @property
+    def legacy_headers(self) -> bool:
+        return self._flow.legacy_headers
 
     def __repr__(self) -> str:
         default = "-" if self._default is None else repr(self._default)
         return (
             f"<RateLimitMiddleware default={default} rules={len(self._rules)}"
-            f" exempt={len(self._exempt)} fail_open={self.fail_open}>"
+            f" exempt={len(self._exempt)} on_unavailable={self.on_unavailable!r}>"
         )

@@ -1,9 +1,9 @@
-"""A response as the idempotency store keeps it: recorded on its way out, replayed later.
+"""A response as the idempotency store keeps it: copied on its way out, replayed later.
 
-``Recorder`` stands in for ``send`` while the first request with a key runs: it forwards every
-message and keeps a copy; ``payload()`` encodes that copy (a JSON head line with the status
-and the safe headers, then the body) for ``IdempotencyStore.complete``; ``send_recorded``
-answers a later request with it. Only ``_asgi_idempotency`` uses this module.
+``ResponseCopy`` stands in for ``send`` while the first request with a key runs: it
+forwards every message and keeps a copy; ``payload()`` encodes that copy (a JSON head line
+with the status and the safe headers, then the body) for ``IdempotencyStore.complete``;
+``send_recorded`` answers a later request with it.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def _decode_response(payload: bytes) -> tuple[int, list[tuple[bytes, bytes]], by
     return int(doc["status"]), headers, body
 
 
-class Recorder:
+class ResponseCopy:
     """Forwards the app's response to the client and keeps a copy to store."""
 
     __slots__ = ("body", "complete", "headers", "limit", "overflow", "send", "status")

@@ -5,7 +5,7 @@ and HTTP method sets.
 ``/files/{rest:path}``), compiled to regexes once at start-up; ``path_param`` reads a
 parameter out of one. Templates are matched against ``route_path(scope)``: the path inside
 the application, as Starlette's router matches it (without a mount prefix or the server's
-``root_path``). Imports nothing of the package but ``_asgi_types``.
+``root_path``).
 """
 
 from __future__ import annotations

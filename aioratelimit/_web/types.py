@@ -1,9 +1,5 @@
 """The ASGI shapes the web layer speaks, as type aliases: a scope is a plain mapping and
 messages are dicts, so any server's objects fit and no web framework is imported.
-
-The bottom floor of the web layer: ``_request_keys``, ``_http_answers``,
-``_response_records`` and the two middleware modules build on it; it imports nothing of the
-package.
 """
 
 from __future__ import annotations

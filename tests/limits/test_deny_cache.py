@@ -175,7 +175,8 @@ async def test_a_flood_costs_one_denied_call_per_retry_window(
 async def test_the_cache_is_bounded(backend: arl.Backend, key: str) -> None:
     """Denials on 20 keys with ``deny_cache=3``: the cache holds 3 keys at most."""
     limiter = arl.FixedWindow("1/hour", backend=backend, deny_cache=3)
-    cache = limiter._cache
+    assert limiter._guard is not None
+    cache = limiter._guard.cache
     assert cache is not None
     watchers: set[asyncio.Task[None]] = set()
     for i in range(20):

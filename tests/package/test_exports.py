@@ -64,11 +64,13 @@ def test_every_error_is_exported() -> None:
     assert all(getattr(arl, name) is not None for name in seen)
 
 
-#: Extensions of the contract, each documented in docs/ (instrumentation: docs/metrics.md).
+#: Extensions of the contract, each documented in docs/ (instrumentation: docs/metrics.md;
+#: the type of ``on_unavailable=``: docs/ratelimits.md).
 EXTENSIONS = {"Recorder", "set_recorder", "ScriptCall"}
 #: The type aliases of the public signatures, for users' own annotations: the rates of a
-#: limiter, ``on_call=`` of ``Backend.from_url``, ``Breaker.on_change``'s listener.
-ALIASES = {"RateLike", "OnCall", "BreakerListener"}
+#: limiter, ``on_call=`` of ``Backend.from_url``, ``Breaker.on_change``'s listener,
+#: ``on_unavailable=``.
+ALIASES = {"RateLike", "OnCall", "BreakerListener", "OnUnavailable"}
 
 
 def test_the_extensions_are_exported() -> None:

@@ -22,7 +22,7 @@ from typing import assert_type
 
 import aioratelimit as arl
 from aioratelimit.asgi import (
-    ASGIApp, Choice, KeyFunc, LimiterFunc, Message, RateLimitMiddleware, Receive, Refusal,
+    ASGIApp, Choice, ClientFunc, LimiterFunc, Message, RateLimitMiddleware, Receive, Refusal,
     Rule, Scope, Send, client_ip, header,
 )
 from aioratelimit.fastapi import IdempotencyKey, IdempotentRequest, RateLimit
@@ -41,7 +41,7 @@ def tier(scope: Scope) -> Choice:
     return pro if scope.get("user") else (free, 2)
 
 
-async def by_key(scope: Scope) -> str | None:
+async def by_account(scope: Scope) -> str | None:
     return "k"
 
 
@@ -55,12 +55,12 @@ def respond(refusal: Refusal) -> ASGIApp:
 
 
 picker: LimiterFunc = tier
-key: KeyFunc = by_key
+who: ClientFunc = by_account
 app: ASGIApp = RateLimitMiddleware(
-    inner, picker, key=key, rules=[Rule("GET", "/", free)], respond=respond
+    inner, picker, client=who, rules=[Rule("GET", "/", free)], respond=respond
 )
-client_key: KeyFunc = header("X-API-Key", fallback=client_ip())
-dependency = RateLimit(tier, key=client_key)
+client_key: ClientFunc = header("X-API-Key", fallback=client_ip())
+dependency = RateLimit(tier, client=client_key)
 once = IdempotencyKey()
 
 

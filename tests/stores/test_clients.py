@@ -165,8 +165,8 @@ def test_an_error_reply_names_its_fix(reply: str, fix: str) -> None:
     assert str(error).startswith(f"Redis answered with an error: {reply}")
 
 
-async def test_fail_open_does_not_cover_a_backend_error(own_redis: RedisServer) -> None:
-    """RateLimitMiddleware(fail_open=True) lets traffic through an outage, not past a
+async def test_allow_does_not_cover_a_backend_error(own_redis: RedisServer) -> None:
+    """RateLimitMiddleware(on_unavailable="allow") lets traffic through an outage, not past a
     server that answers with an error (here maxmemory): that request fails (500)."""
     import httpx
 
@@ -180,7 +180,7 @@ async def test_fail_open_does_not_cover_a_backend_error(own_redis: RedisServer) 
     try:
         async with arl.Backend.from_url(own_redis.url) as backend:
             limiter = arl.FixedWindow("100/minute", backend=backend)
-            guarded = RateLimitMiddleware(app, limiter, fail_open=True)
+            guarded = RateLimitMiddleware(app, limiter, on_unavailable="allow")
             transport = httpx.ASGITransport(app=guarded, raise_app_exceptions=False)
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as web:
                 assert (await web.get("/")).status_code == 200

@@ -141,11 +141,12 @@ async def test_the_decision_is_the_dependency_value() -> None:
 async def test_rate_limit_dependency_backend_down(
     own_redis: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Redis stopped: 503 with Retry-After by default, the endpoint runs with fail_open."""
+    """Redis stopped: 503 with Retry-After by default, the endpoint runs with
+    ``on_unavailable="allow"``."""
     closed_backend = fresh_backend(own_redis.url)
     open_backend = fresh_backend(own_redis.url)
     closed = limited_app(closed_backend)
-    opened = limited_app(open_backend, fail_open=True)
+    opened = limited_app(open_backend, on_unavailable="allow")
     with caplog.at_level(logging.WARNING, logger="aioratelimit"):
         async with serving(closed, closed_backend) as c1, serving(opened, open_backend) as c2:
             own_redis.stop()

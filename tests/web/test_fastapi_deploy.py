@@ -63,7 +63,7 @@ def payments_app(
     """The payment service; a charge of 99 runs until ``hold`` is set (the test's thread)."""
     app = FastAPI()
     add_problem_handler(app)
-    once = IdempotencyKey(principal=current_account, backend=backend, **options)  # type: ignore[arg-type]
+    once = IdempotencyKey(client=Depends(current_account), backend=backend, **options)  # type: ignore[arg-type]
 
     async def charge(account: Account, payment: PaymentIn) -> PaymentOut:
         charged.append(payment.amount)
@@ -128,7 +128,7 @@ async def test_an_idempotent_function_returning_a_model_charges_once(store_url: 
 
 
 async def test_the_dependency_scopes_keys_per_account(store_url: str) -> None:
-    """Depends(IdempotencyKey(principal=current_account)): alice's retry (from anywhere) is a
+    """Depends(IdempotencyKey(client=Depends(current_account))): alice's retry (from anywhere) is a
     replay marked Idempotent-Replayed; bob's request with the same key is his own."""
     backend = fresh_backend(store_url)
     charged: list[int] = []
@@ -141,6 +141,39 @@ async def test_the_dependency_scopes_keys_per_account(store_url: str) -> None:
     assert retry.headers["idempotent-replayed"] == "true"
     assert retry.json() == first.json() == {"account": "alice", "amount": 5, "charge": 1}
     assert bob.json()["account"] == "bob"
+    assert charged == [5, 5]
+
+
+async def test_the_dependency_takes_a_client_function_too(store_url: str) -> None:
+    """IdempotencyKey(client=header("X-Account")): keys are scoped by a client function of
+    the scope, as the middleware's; the same key from two accounts charges twice."""
+    backend = fresh_backend(store_url)
+    charged: list[int] = []
+    app = FastAPI()
+    once = IdempotencyKey(client=header("X-Account"), backend=backend)
+
+    async def charge(payment: PaymentIn) -> PaymentOut:
+        charged.append(payment.amount)
+        return PaymentOut(account="-", amount=payment.amount, charge=len(charged))
+
+    @app.post("/charges", status_code=201)
+    async def pay(
+        payment: PaymentIn,
+        idem: IdempotentRequest = Depends(once),  # noqa: B008 (FastAPI's idiom; a local)
+    ) -> PaymentOut:
+        return await idem.run(charge, payment)
+
+    async with serving(app, backend) as client:
+        responses = [
+            await client.post(
+                "/charges",
+                json={"amount": 5},
+                headers={"X-Account": account, "Idempotency-Key": '"k"'},
+            )
+            for account in ("a", "a", "b")
+        ]
+    assert [r.status_code for r in responses] == [201, 201, 201]
+    assert [r.headers.get("idempotent-replayed") for r in responses] == [None, "true", None]
     assert charged == [5, 5]
 
 
@@ -204,7 +237,7 @@ async def test_the_dependency_picks_a_tier_and_shapes_its_429(store_url: str) ->
             headers=refusal.headers,
         )
 
-    limit = RateLimit(tier, key=header("X-API-Key"), legacy_headers=True, respond=respond)
+    limit = RateLimit(tier, client=header("X-API-Key"), legacy_headers=True, respond=respond)
     app = FastAPI()
     add_problem_handler(app)
 
@@ -250,25 +283,27 @@ async def test_a_shaped_refusal_keeps_status_and_headers_without_the_handler() -
 
 
 def test_the_dependency_refuses_bad_options() -> None:
-    """Bad principal, fingerprint, serializer or limiter raise when built."""
-    with pytest.raises(TypeError, match="principal"):
-        IdempotencyKey(principal="me")  # type: ignore[arg-type]
+    """Bad client, fingerprint, serializer, wait or limiter raise when built."""
+    with pytest.raises(TypeError, match="client"):
+        IdempotencyKey(client="me")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="fingerprint"):
         IdempotencyKey(fingerprint=1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="serializer"):
         IdempotencyKey(serializer=object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="wait must be a bool"):
+        IdempotencyKey(wait=5.0)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="or a function"):
         RateLimit("10/minute")  # type: ignore[arg-type]
 
 
 async def test_the_dependency_fails_closed_or_open_when_redis_is_down(own_redis: Any) -> None:
-    """Redis stopped: 503 with Retry-After and no charge by default; fail_open=True
-    charges unprotected."""
+    """Redis stopped: 503 with Retry-After and no charge by default;
+    ``on_unavailable="allow"`` charges unprotected."""
     closed_backend = fresh_backend(own_redis.url)
     open_backend = fresh_backend(own_redis.url)
     charged: list[int] = []
     closed = payments_app(closed_backend, charged)
-    opened = payments_app(open_backend, charged, fail_open=True)
+    opened = payments_app(open_backend, charged, on_unavailable="allow")
     async with serving(closed, closed_backend) as c1, serving(opened, open_backend) as c2:
         own_redis.stop()
         down = await c1.post("/payments", json={"amount": 5}, headers=auth("tok-alice", "k"))

@@ -13,7 +13,7 @@ import re
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from typing import Any
 
 import httpx
@@ -24,14 +24,14 @@ from support.webserver import fresh_backend, serving
 
 import aioratelimit as arl
 from aioratelimit._web import answers as _http_answers
-from aioratelimit._web import request_keys as _request_keys
+from aioratelimit._web import clients as _clients
+from aioratelimit._web.idempotency import parse_idempotency_key
 from aioratelimit.asgi import (
     IdempotencyMiddleware,
     RateLimitMiddleware,
     Rule,
     client_ip,
     header,
-    parse_idempotency_key,
     path_param,
     user_id,
 )
@@ -121,7 +121,7 @@ async def test_limits_are_counted_per_client(store_url: str) -> None:
     """One client exhausting its quota does not limit another."""
     backend = fresh_backend(store_url)
     mw = RateLimitMiddleware(
-        Echo(), arl.FixedWindow("2/minute", backend=backend), key=header("X-Client")
+        Echo(), arl.FixedWindow("2/minute", backend=backend), client=header("X-Client")
     )
     async with serving(mw, backend) as client:
         a = [await client.get("/", headers={"X-Client": "a"}) for _ in range(3)]
@@ -152,7 +152,7 @@ async def test_x_forwarded_for_is_honoured_from_a_trusted_proxy(store_url: str) 
     mw = RateLimitMiddleware(
         Echo(),
         arl.FixedWindow("2/minute", backend=backend),
-        key=client_ip(trusted_proxies=["127.0.0.0/8", "10.0.0.0/8"]),
+        client=client_ip(trusted_proxies=["127.0.0.0/8", "10.0.0.0/8"]),
     )
     async with serving(mw, backend) as client:
 
@@ -178,7 +178,11 @@ async def test_rules_route_by_method_and_template_and_exempt_paths(store_url: st
         arl.FixedWindow("3/minute", backend=backend),
         rules=[
             Rule(
-                "POST", "/orders/{id}", orders, key=path_param("id", "/orders/{id}"), name="orders"
+                "POST",
+                "/orders/{id}",
+                orders,
+                client=path_param("id", "/orders/{id}"),
+                name="orders",
             )
         ],
         exempt=["/health", "/static/{rest:path}"],
@@ -231,14 +235,15 @@ async def test_backend_down_fails_closed_with_503(
     assert "answering 503" in lines[0].getMessage()
 
 
-async def test_backend_down_fail_open_lets_requests_through(
+async def test_backend_down_allow_lets_requests_through(
     own_redis: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """fail_open=True: with the Redis server stopped every request runs, unannotated, and the
-    outage is logged."""
+    """on_unavailable="allow": with the Redis server stopped every request runs, unannotated,
+    and the outage is logged."""
     backend = fresh_backend(own_redis.url)
     app = Echo()
-    mw = RateLimitMiddleware(app, arl.FixedWindow("1/minute", backend=backend), fail_open=True)
+    limiter = arl.FixedWindow("1/minute", backend=backend)
+    mw = RateLimitMiddleware(app, limiter, on_unavailable="allow")
     with caplog.at_level(logging.WARNING, logger="aioratelimit"):
         async with serving(mw, backend) as client:
             own_redis.stop()
@@ -283,7 +288,7 @@ def scope(
 
 
 async def key_of(fn: Any, s: Scope) -> str | None:
-    return await _request_keys.resolve(fn, s)
+    return await _clients.resolve(fn, s)
 
 
 async def test_client_ip_normalises_addresses() -> None:
@@ -346,11 +351,11 @@ async def test_header_path_and_user_keys() -> None:
 def test_policy_fields_for_several_rates_and_a_token_bucket() -> None:
     """Several rates are one policy each and RateLimit names the tightest; a token bucket's
     window is the time to refill its burst."""
-    policy = _http_answers.Policy(arl.FixedWindow("10/second", "100/minute"), "api")
+    policy = _http_answers.QuotaPolicy(arl.FixedWindow("10/second", "100/minute"), "api")
     assert policy.policy_header == b'"api-1";q=10;w=1, "api-2";q=100;w=60'
     tight = arl.Decision(False, 100, 0, 20.0, 12.2)
     assert policy.ratelimit(tight) == b'"api-2";r=0;t=13'
-    bucket = _http_answers.Policy(arl.TokenBucket("10/second", burst=20), "tb")
+    bucket = _http_answers.QuotaPolicy(arl.TokenBucket("10/second", burst=20), "tb")
     assert bucket.policy_header == b'"tb";q=20;w=2'
     assert bucket.ratelimit(arl.Decision(True, 20, 19, 0.1, 0.0)) == b'"tb";r=19;t=1'
     assert _http_answers.sf_string('a"b\\c') == '"a\\"b\\\\c"'
@@ -396,6 +401,10 @@ def test_bad_configuration_is_rejected_at_construction() -> None:
         path_param("id", "/orders/{order}")
     with pytest.raises(ValueError, match="does not appear to be"):
         client_ip(trusted_proxies=["not-a-network"])
+    with pytest.raises(TypeError, match="wait must be a bool"):
+        IdempotencyMiddleware(Echo(), wait=2.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout"):
+        IdempotencyMiddleware(Echo(), wait=True, timeout=-1)
 
 
 def import_the_package() -> subprocess.CompletedProcess[str]:
@@ -528,10 +537,11 @@ async def test_a_hundred_concurrent_duplicates_run_the_handler_once(store_url: s
 
 
 async def test_duplicates_may_wait_for_the_first_request(store_url: str) -> None:
-    """With wait= seconds, concurrent duplicates wait for the first and all get its response."""
+    """With wait=True (no timeout), concurrent duplicates wait for the first and all get
+    its response."""
     backend = fresh_backend(store_url)
     app = Payments()
-    mw = IdempotencyMiddleware(app, backend=backend, wait=10)
+    mw = IdempotencyMiddleware(app, backend=backend, wait=True)
     async with serving(mw, backend) as client:
         responses = await asyncio.gather(
             *(client.post("/pay?delay=0.3", content=b"w", headers=idem("w")) for _ in range(5))
@@ -540,6 +550,54 @@ async def test_duplicates_may_wait_for_the_first_request(store_url: str) -> None
     assert [r.status_code for r in responses] == [201] * 5
     assert sum("idempotent-replayed" in r.headers for r in responses) == 4
     assert len({r.content for r in responses}) == 1
+
+
+async def test_a_waiting_duplicate_gives_up_after_its_timeout(store_url: str, key: str) -> None:
+    """wait=True, timeout=0.05: a duplicate of a request that still runs gets the 409 once
+    its timeout has passed, and runs nothing; the first one then ends as usual."""
+    backend = fresh_backend(store_url)
+    started, release, calls = asyncio.Event(), asyncio.Event(), []
+
+    async def held(scope: Any, receive: Any, send: Any) -> None:
+        calls.append(await receive())
+        started.set()
+        await release.wait()
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"charged"})
+
+    mw = IdempotencyMiddleware(held, backend=backend, wait=True, timeout=0.05)
+
+    async def post() -> list[MutableMapping[str, Any]]:
+        sent: list[MutableMapping[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"x", "more_body": False}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/pay",
+            "query_string": b"",
+            "headers": [(b"idempotency-key", key.encode())],
+            "client": ("10.0.0.1", 1234),
+        }
+        await mw(scope, receive, send)
+        return sent
+
+    try:
+        first = asyncio.create_task(post())
+        async with asyncio.timeout(10):
+            await started.wait()
+            duplicate = await post()
+        assert duplicate[0]["status"] == 409
+        release.set()
+        assert (await first)[0]["status"] == 201
+        assert len(calls) == 1
+    finally:
+        await backend.aclose()
 
 
 async def test_the_same_key_with_another_request_is_422(store_url: str) -> None:
@@ -662,12 +720,12 @@ async def test_idempotency_backend_down_fails_closed_or_open(
     own_redis: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """With the Redis server stopped: 503 + Retry-After and nothing runs by default; with
-    fail_open=True the request runs unprotected; a WARNING either way."""
+    on_unavailable="allow" the request runs unprotected; a WARNING either way."""
     backend = fresh_backend(own_redis.url)
     open_backend = fresh_backend(own_redis.url)
     app = Payments()
     closed = IdempotencyMiddleware(app, backend=backend)
-    opened = IdempotencyMiddleware(app, backend=open_backend, fail_open=True)
+    opened = IdempotencyMiddleware(app, backend=open_backend, on_unavailable="allow")
     with caplog.at_level(logging.WARNING, logger="aioratelimit"):
         async with serving(closed, backend) as c1, serving(opened, open_backend) as c2:
             own_redis.stop()

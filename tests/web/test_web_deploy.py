@@ -25,10 +25,10 @@ from starlette.routing import Mount
 from support.webserver import Server, fresh_backend, serving
 
 import aioratelimit as arl
-from aioratelimit._web.request_keys import resolve
+from aioratelimit._web.clients import resolve
 from aioratelimit.asgi import (
+    ClientFunc,
     IdempotencyMiddleware,
-    KeyFunc,
     RateLimitMiddleware,
     Refusal,
     Rule,
@@ -75,7 +75,7 @@ def limited(backend: arl.Backend, inner: Any) -> RateLimitMiddleware:
                 "POST",
                 "/orders/{id}",
                 arl.FixedWindow("1/minute", backend=backend, name="orders"),
-                key=path_param("id", "/orders/{id}"),
+                client=path_param("id", "/orders/{id}"),
             )
         ],
         exempt=["/health"],
@@ -251,7 +251,7 @@ async def test_api_keys_and_tokens_are_stored_as_digests(redis_url: str) -> None
     mw = RateLimitMiddleware(
         Echo(),
         arl.FixedWindow("10/minute", backend=backend, name="free"),
-        key=header("X-API-Key", fallback=header("Authorization", secret=b"s" * 32)),
+        client=header("X-API-Key", fallback=header("Authorization", secret=b"s" * 32)),
     )
     async with serving(mw, backend) as client:
         keyed = await client.get("/", headers={"X-API-Key": "k-free-2"})
@@ -272,7 +272,7 @@ async def test_credential_headers_are_digested_and_others_readable() -> None:
     """Credential-looking names are digested by default, others kept; digest= overrides,
     except for Authorization, Proxy-Authorization and Cookie."""
 
-    async def key(fn: KeyFunc, name: str, value: str) -> str | None:
+    async def key(fn: ClientFunc, name: str, value: str) -> str | None:
         return await resolve(fn, {"type": "http", "headers": [(name.encode(), value.encode())]})
 
     for name in ("X-API-Key", "Authorization", "X-Auth-Token", "Cookie", "X-Session-Id"):
@@ -314,7 +314,7 @@ async def test_a_function_picks_the_tier_and_the_cost(store_url: str) -> None:
         batch = scope["query_string"].decode().removeprefix("batch=")
         return limiter, int(batch or 1)
 
-    mw = RateLimitMiddleware(Echo(), tier, key=header("X-API-Key"))
+    mw = RateLimitMiddleware(Echo(), tier, client=header("X-API-Key"))
     async with serving(mw, backend) as client:
         free_codes = [await client.get("/", headers={"X-API-Key": "k-free"}) for _ in range(4)]
         pro_batch = await client.get("/?batch=50", headers={"X-API-Key": "k-pro"})

@@ -1,12 +1,10 @@
-"""Request keys: who a request counts as, read from its ASGI scope.
+"""Who a request's client is, read from its ASGI scope: the key a limiter counts it under.
 
-A key function takes the scope and returns the key a limiter counts under (or ``None``:
-not limited). ``client_ip``, ``header``, ``path_param`` and ``user_id`` build them; both
-middlewares and the FastAPI dependencies call them through ``resolve``, which takes sync and
-async ones alike. ``asgi.py`` and ``fastapi.py`` re-export the four builders. A key name
-never holds a credential: ``header`` stores a digest of ``Authorization``, ``Cookie`` and
-key- or token-like headers (``is_credential``). Reads ``_routes`` (for ``path_param``), and
-no answer or middleware module.
+A client function takes the scope and returns that key (or ``None``: not limited), sync or
+async; ``client_ip``, ``header``, ``path_param`` and ``user_id`` build the usual ones, and
+``resolve`` calls any of them and checks the answer. A key never holds a credential:
+``header`` stores a digest of ``Authorization``, ``Cookie`` and key- or token-like headers
+(``is_credential``), since key names are visible to whoever can list them.
 """
 
 from __future__ import annotations
@@ -22,9 +20,9 @@ from .._args import check_int, check_key
 from .routes import Template, route_path
 from .types import Scope
 
-#: A key function: the ASGI scope in, the key to count under out (or awaitable of it).
-#: ``None`` means "this request is not limited by this rule".
-KeyFunc = Callable[[Scope], "str | Awaitable[str | None] | None"]
+#: A client function (``client=``): the ASGI scope in, the key to count the request's
+#: client under out (or an awaitable of it); ``None``: this request is not limited.
+ClientFunc = Callable[[Scope], "str | Awaitable[str | None] | None"]
 
 #: A part of a key longer than this (a huge header, say) is replaced by its digest, so a
 #: client cannot make the store hold keys of arbitrary size.
@@ -49,20 +47,20 @@ def header_values(scope: Scope, name: bytes) -> list[str]:
     return [bytes(v).decode("latin-1") for k, v in scope.get("headers") or () if k == name]
 
 
-def check_key_func(func: KeyFunc | None, what: str) -> KeyFunc | None:
+def check_client_func(func: ClientFunc | None, what: str) -> ClientFunc | None:
     """``func`` if it is ``None`` or callable; ``TypeError`` naming ``what`` otherwise."""
     if func is not None and not callable(func):
         raise TypeError(f"{what} must be a callable, not {type(func).__name__}")
     return func
 
 
-async def resolve(key: KeyFunc, scope: Scope) -> str | None:
-    """Call a key function (sync or async) and check what it returned."""
-    value = key(scope)
+async def resolve(client: ClientFunc, scope: Scope) -> str | None:
+    """Call a client function (sync or async) and check what it returned."""
+    value = client(scope)
     if inspect.isawaitable(value):
         value = await value
     if value is not None:
-        check_key(value, "the key function's result")
+        check_key(value, "the client function's result")
     return value
 
 
@@ -74,11 +72,11 @@ def _compact(part: str) -> str:
 
 # -- key helpers --------------------------------------------------------------------------
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
-def _address(text: str) -> Address | None:
+def _address(text: str) -> IPAddress | None:
     text = text.strip().strip('"')
     if text.startswith("[") and "]" in text:  # "[v6]" or "[v6]:port"
         text = text[1 : text.index("]")]
@@ -96,7 +94,7 @@ def _address(text: str) -> Address | None:
 def client_ip(
     trusted_proxies: Iterable[str] = (), *, ipv6_prefix: int = 64
 ) -> Callable[[Scope], str]:
-    """A key function: the client's IP address, ``"ip:<address>"``.
+    """A client function: the client's IP address, ``"ip:<address>"``.
 
     By default that is the socket peer (``scope["client"]``): ``X-Forwarded-For`` is ignored,
     since any client can send it. Give ``trusted_proxies`` (addresses or CIDRs, e.g.
@@ -105,17 +103,17 @@ def client_ip(
     one is the client. IPv6 clients are grouped by their ``/ipv6_prefix`` network (one
     subscriber usually holds a whole /64), IPv4-mapped IPv6 addresses count as IPv4.
     """
-    nets: tuple[Network, ...] = tuple(
+    nets: tuple[IPNetwork, ...] = tuple(
         ipaddress.ip_network(p, strict=False) for p in _strings(trusted_proxies, "trusted_proxies")
     )
     check_int(ipv6_prefix, "ipv6_prefix")
     if ipv6_prefix > 128:
         raise ValueError(f"ipv6_prefix must be <= 128, got {ipv6_prefix}")
 
-    def trusted(addr: Address) -> bool:
+    def trusted(addr: IPAddress) -> bool:
         return any(addr in net for net in nets)
 
-    def name(addr: Address) -> str:
+    def name(addr: IPAddress) -> str:
         if isinstance(addr, ipaddress.IPv6Address) and ipv6_prefix < 128:
             return f"ip:{ipaddress.ip_network((addr, ipv6_prefix), strict=False)}"
         return f"ip:{addr}"
@@ -204,11 +202,11 @@ def _digester(secret: str | bytes | None) -> Callable[[str], str]:
 def header(
     name: str,
     *,
-    fallback: KeyFunc | None = None,
+    fallback: ClientFunc | None = None,
     digest: bool | None = None,
     secret: str | bytes | None = None,
-) -> KeyFunc:
-    """A key function: request header ``name``, ``"hdr:<name>:<value>"``.
+) -> ClientFunc:
+    """A client function: request header ``name``, ``"hdr:<name>:<value>"``.
 
     A header that carries a credential is never stored as it is: key names are visible to
     anyone with ``SCAN``, ``MONITOR`` or the slow log. For ``Authorization``,
@@ -247,8 +245,8 @@ def header(
     return key
 
 
-def path_param(name: str, template: str, *, fallback: KeyFunc | None = None) -> KeyFunc:
-    """A key function: parameter ``name`` of the path matched against ``template``, e.g.
+def path_param(name: str, template: str, *, fallback: ClientFunc | None = None) -> ClientFunc:
+    """A client function: parameter ``name`` of the path matched against ``template``, e.g.
     ``path_param("id", "/orders/{id}")`` gives ``"path:id:42"`` for ``/orders/42``.
 
     A path that does not match goes to ``fallback(scope)`` if given, else to one shared bucket.
@@ -270,8 +268,8 @@ def path_param(name: str, template: str, *, fallback: KeyFunc | None = None) -> 
     return key
 
 
-def user_id(scope_key: str = "user", *, fallback: KeyFunc | None = None) -> KeyFunc:
-    """A key function: the authenticated user in ``scope[scope_key]``, ``"user:<id>"``.
+def user_id(scope_key: str = "user", *, fallback: ClientFunc | None = None) -> ClientFunc:
+    """A client function: the authenticated user in ``scope[scope_key]``, ``"user:<id>"``.
 
     The entry is what an authentication middleware put there: a ``str`` or ``int`` id, or a
     user object with ``identity``, ``id`` or ``username`` (Starlette's ``BaseUser`` has

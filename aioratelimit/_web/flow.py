@@ -1,0 +1,154 @@
+"""A request through a rate limit, the same for every web face: pick the limiter, name the
+client, take one guarded hit, and say what to answer (``Verdict``).
+
+``RateLimitMiddleware`` and the FastAPI ``RateLimit`` dependency each hold one
+``RateLimitFlow``; only their ends differ (ASGI messages, or a response's headers and an
+exception). The web's options are a ``Guard`` per limiter around its ``hit``, sharing one
+breaker: ``on_unavailable`` is ``"deny"`` (503 with ``Retry-After``: the web default),
+``"allow"`` (the request passes unlimited) or a ``Fallback(share)``: each limiter gets an
+in-process twin with ``share`` of its limits, counted while the backend is unavailable.
+``shadow=True`` never refuses. A limiter's own options apply underneath, as anywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, cast
+
+from .._backend import Backend
+from .._errors import BackendUnavailable
+from .._limits.failure import Fallback, check_on_unavailable
+from .._limits.guard import Guard, Options, Step
+from .._limits.limiter import Limiter
+from .._rates import Decision
+from .._scripts import Mode
+from .answers import (
+    WEB_POLICIES,
+    OutageLog,
+    Refusal,
+    exceeded_detail,
+    refusal,
+    retry_after_field,
+    shadow_fields,
+    unavailable_detail,
+)
+from .clients import resolve
+from .plans import Plan
+from .types import Scope
+
+#: The most limiters one face keeps a guard (and a fallback twin) for: a ``LimiterFunc``
+#: that built a new limiter per request must not grow the table without bound.
+MAX_GUARDS = 1024
+
+_HIT = int(Mode.HIT)
+
+
+class Verdict:
+    """What a face answers a request the limit counted: ``status`` 200 (admitted: the app
+    runs with ``fields`` added), 429 (limited) or 503 (the backend is unavailable), with
+    the ``fields`` and ``detail`` of the refusal, and the ``decision`` and ``policy`` name
+    (``None`` on a 503)."""
+
+    __slots__ = ("decision", "detail", "fields", "policy", "status")
+
+    def __init__(
+        self,
+        status: int,
+        fields: list[tuple[bytes, bytes]],
+        decision: Decision | None,
+        detail: str = "",
+        policy: str | None = None,
+    ) -> None:
+        self.status, self.fields, self.decision = status, fields, decision
+        self.detail, self.policy = detail, policy
+
+    def refusal(self, scope: Scope) -> Refusal:
+        """The refusal as a ``respond=`` hook is given it."""
+        return refusal(self.status, self.detail, self.fields, scope, self.decision, self.policy)
+
+
+def _same(decision: Decision) -> Decision:
+    return decision
+
+
+def _hit_step(limiter: Limiter) -> Step[Decision]:
+    """``limiter.hit`` as a guard's step (a web face only ever hits)."""
+    return lambda key, cost, mode: limiter.hit(key, cost)
+
+
+class RateLimitFlow:
+    """One face's way from a request to its ``Verdict``, with the face's options."""
+
+    __slots__ = (
+        "_guards",
+        "_options",
+        "_outage",
+        "_store",
+        "_unavailable",
+        "legacy_headers",
+        "on_unavailable",
+    )
+
+    def __init__(
+        self,
+        face: str,
+        *,
+        on_unavailable: Any,
+        breaker: Any,
+        shadow: Any,
+        legacy_headers: bool,
+        unavailable_retry_after: float,
+    ) -> None:
+        self.on_unavailable = cast(
+            Literal["deny", "allow"] | Fallback, check_on_unavailable(on_unavailable, WEB_POLICIES)
+        )
+        # "deny" and "allow" are answered here, from the guard's BackendUnavailable.
+        fallback = self.on_unavailable if isinstance(self.on_unavailable, Fallback) else "raise"
+        options = Options(fallback, breaker, shadow, name="web")
+        #: None: no option on, a request's hit is the limiter's own
+        self._options = None if options.plain else options
+        self._guards: dict[Limiter, Guard[Decision]] = {}
+        # The fallback twins' own memory:// store: counted in this process only.
+        self._store = Backend.from_url("memory://") if fallback != "raise" else None
+        self.legacy_headers = bool(legacy_headers)
+        detail = unavailable_detail("rate limit")
+        self._unavailable = Verdict(503, [retry_after_field(unavailable_retry_after)], None, detail)
+        self._outage = OutageLog(face)
+
+    def _guard(self, limiter: Limiter, options: Options) -> Guard[Decision]:
+        """A new guard for ``limiter`` (with its fallback twin, for a ``Fallback``)."""
+        if len(self._guards) >= MAX_GUARDS:
+            self._guards.clear()
+        share, twin = options.on_unavailable, None
+        if isinstance(share, Fallback) and self._store is not None:
+            twin = _hit_step(limiter._scaled(share, self._store))
+        guard = Guard(_hit_step(limiter), _same, options, limit=limiter._max_cost, fallback=twin)
+        self._guards[limiter] = guard
+        return guard
+
+    async def check(self, plan: Plan, scope: Scope) -> Verdict | None:
+        """The verdict on a request under ``plan``; None: not limited, the app runs as it is
+        (the plan picked no limiter, the client function answered None, or the backend is
+        unavailable and the face lets requests through)."""
+        pick = await plan.pick(scope)
+        if pick is None:
+            return None
+        client = await resolve(pick.client, scope)
+        if client is None:
+            return None
+        limiter, options = pick.limiter, self._options
+        try:
+            if options is None:
+                decision = await limiter.hit(client, pick.cost)
+            else:
+                guard = self._guards.get(limiter) or self._guard(limiter, options)
+                decision = await guard.decide(client, pick.cost, _HIT)
+        except BackendUnavailable as exc:
+            allow = self.on_unavailable == "allow"
+            self._outage(exc, allow)
+            return None if allow else self._unavailable
+        fields = pick.policy.headers(decision, self.legacy_headers)
+        if decision.shadow:
+            fields += shadow_fields(decision)
+        if decision.allowed:
+            return Verdict(200, fields, decision)
+        return Verdict(429, fields, decision, exceeded_detail(decision), pick.policy.name)
