@@ -32,7 +32,32 @@ def publish(face: str, names: Iterable[str]) -> None:
     for name in names:
         obj = namespace[name]
         if isinstance(obj, type | FunctionType) and _private(obj.__module__):
+            if isinstance(obj, type):
+                _resolve_annotations(obj)
             obj.__module__ = face
+
+
+def _resolve_annotations(cls: type) -> None:
+    """Evaluate a class's own annotations in the module it is written in.
+
+    ``typing.get_type_hints`` looks a class's string annotations up in the module its
+    ``__module__`` names: once that is the face, names the face does not export (``Script``,
+    ``Decision`` in ``aioratelimit.asgi``) would no longer resolve. A name imported only
+    for type checking stays a string, as it was.
+    """
+    own = cls.__dict__.get("__annotations__")
+    if not own:
+        return
+    scope = vars(sys.modules[cls.__module__])
+    resolved: dict[str, Any] = {}
+    for key, annotation in own.items():
+        if isinstance(annotation, str):
+            try:
+                annotation = eval(annotation, scope, dict(vars(cls)))  # as typing evaluates
+            except NameError:
+                pass
+        resolved[key] = annotation
+    cls.__annotations__ = resolved
 
 
 class NoPublicConstructor(type):

@@ -239,3 +239,11 @@ def test_decision_and_rate_pickle_and_compare_equal(protocol: int) -> None:
         assert again == value
         assert type(again) is type(value)
     assert pickle.dumps(arl.Rate(1, 1.0), protocol).count(b"aioratelimit._") == 0
+
+
+@pytest.mark.parametrize(("module", "name", "obj"), EXPORTED, ids=IDS)
+def test_type_hints_resolve_under_the_public_module(module: str, name: str, obj: Any) -> None:
+    """``typing.get_type_hints`` still resolves a class's annotations once the class names
+    its face as ``__module__`` (it looks names up there)."""
+    if inspect.isclass(obj):
+        assert isinstance(typing.get_type_hints(obj), dict)
