@@ -8,6 +8,8 @@ its module (anyio's and httpcore's way), so a repr, a traceback, ``help()`` and 
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import sys
 from collections.abc import Iterable
 from types import FunctionType
@@ -45,17 +47,15 @@ def _resolve_annotations(cls: type) -> None:
     ``Decision`` in ``aioratelimit.asgi``) would no longer resolve. A name imported only
     for type checking stays a string, as it was.
     """
-    own = cls.__dict__.get("__annotations__")
+    own = inspect.get_annotations(cls)
     if not own:
         return
     scope = vars(sys.modules[cls.__module__])
     resolved: dict[str, Any] = {}
     for key, annotation in own.items():
         if isinstance(annotation, str):
-            try:
+            with contextlib.suppress(NameError):
                 annotation = eval(annotation, scope, dict(vars(cls)))  # as typing evaluates
-            except NameError:
-                pass
         resolved[key] = annotation
     cls.__annotations__ = resolved
 
