@@ -14,6 +14,7 @@ user keys never share a Redis key).
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 
 _ESCAPES = str.maketrans({"%": "%25", "{": "%7B", "}": "%7D"})
@@ -32,6 +33,25 @@ def escape(part: str) -> str:
     if "{" in part or "}" in part or "%" in part:
         return part.translate(_ESCAPES)
     return part
+
+
+#: A part of a client's key longer than this (a huge header, say) is stored as its digest,
+#: so a client cannot make the store hold keys of arbitrary size.
+MAX_KEY_PART = 128
+
+
+def key_part(value: str) -> str:
+    """One client-supplied part of a key (an address, a header value, a path parameter, a
+    user id), bounded in size and injective: two different values never give one part.
+
+    Up to ``MAX_KEY_PART`` characters it is the value itself, a leading ``#`` doubled; a
+    longer value is ``#`` and its SHA-256 in hex. A kept value never starts with one ``#``
+    and a single hex digit after it, so a short value that spells ``#<digest>`` keeps a
+    counter of its own rather than sharing the long value's.
+    """
+    if len(value) > MAX_KEY_PART:
+        return "#" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+    return "#" + value if value.startswith("#") else value
 
 
 def head(prefix: str, kind: str, name: str | None) -> str:

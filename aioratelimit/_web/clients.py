@@ -17,16 +17,13 @@ import re
 from collections.abc import Awaitable, Callable, Iterable
 
 from .._args import check_int, check_key
+from .._keys import key_part
 from .routes import Template, route_path
 from .types import Scope
 
 #: A client function (``client=``): the ASGI scope in, the key to count the request's
 #: client under out (or an awaitable of it); ``None``: this request is not limited.
 ClientFunc = Callable[[Scope], "str | Awaitable[str | None] | None"]
-
-#: A part of a key longer than this (a huge header, say) is replaced by its digest, so a
-#: client cannot make the store hold keys of arbitrary size.
-MAX_KEY_PART = 128
 
 #: Peer addresses whose key ``client_ip`` remembers (the table is emptied when full).
 PEER_CACHE = 4096
@@ -62,12 +59,6 @@ async def resolve(client: ClientFunc, scope: Scope) -> str | None:
     if value is not None:
         check_key(value, "the client function's result")
     return value
-
-
-def _compact(part: str) -> str:
-    if len(part) <= MAX_KEY_PART:
-        return part
-    return "#" + hashlib.sha256(part.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 # -- key helpers --------------------------------------------------------------------------
@@ -125,7 +116,7 @@ def client_ip(
     def judge(host: str) -> str | None:
         addr = _address(host)
         if addr is None:
-            judged: str | None = f"ip:{_compact(host)}"
+            judged: str | None = f"ip:{key_part(host)}"
         else:
             judged = None if nets and trusted(addr) else name(addr)
         if len(peers) >= PEER_CACHE:
@@ -231,7 +222,7 @@ def header(
     if digest is False and secret is not None:
         raise ValueError("secret= keys a digest: it needs digest=True or None")
     hashed = (is_credential(label) or secret is not None) if digest is None else digest
-    encode = _digester(secret) if hashed else _compact
+    encode = _digester(secret) if hashed else key_part
 
     async def key(scope: Scope) -> str | None:
         value = header_value(scope, raw)
@@ -259,7 +250,7 @@ def path_param(name: str, template: str, *, fallback: ClientFunc | None = None) 
     async def key(scope: Scope) -> str | None:
         params = tpl.match(route_path(scope)) if "path" in scope else None
         if params is not None and params[name]:
-            return f"path:{name}:{_compact(params[name])}"
+            return f"path:{name}:{key_part(params[name])}"
         if fallback is not None:
             return await resolve(fallback, scope)
         return f"path:{name}:-"
@@ -282,7 +273,7 @@ def user_id(scope_key: str = "user", *, fallback: ClientFunc | None = None) -> C
         user = scope.get(scope_key)
         ident = identity(user)
         if ident:
-            return f"user:{_compact(ident)}"
+            return f"user:{key_part(ident)}"
         if fallback is not None:
             return await resolve(fallback, scope)
         return "user:-"
