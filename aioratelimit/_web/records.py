@@ -58,9 +58,13 @@ def _decode_response(payload: bytes) -> tuple[int, list[tuple[bytes, bytes]], by
 
 
 class ResponseCopy:
-    """Forwards the app's response to the client and keeps a copy to store."""
+    """Forwards the app's response to the client and keeps a copy to store.
 
-    __slots__ = ("body", "complete", "headers", "limit", "overflow", "send", "status")
+    The copy's size is kept as a running total: each chunk costs the same whatever came
+    before it, and past ``limit`` bytes the copy is dropped and nothing more is kept.
+    """
+
+    __slots__ = ("body", "complete", "headers", "limit", "overflow", "send", "size", "status")
 
     def __init__(self, send: Send, limit: int) -> None:
         self.send = send
@@ -68,6 +72,7 @@ class ResponseCopy:
         self.status: int | None = None
         self.headers: list[tuple[bytes, bytes]] = []
         self.body: list[bytes] = []
+        self.size = 0  # bytes in ``body``
         self.complete = False
         self.overflow = False  # too large, or a message we cannot replay
 
@@ -77,15 +82,23 @@ class ResponseCopy:
             self.status = int(message["status"])
             self.headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", ())]
         elif kind == "http.response.body":
-            chunk = bytes(message.get("body", b""))
             if not self.overflow:
-                self.body.append(chunk)
-                self.overflow = sum(map(len, self.body)) > self.limit
+                chunk = bytes(message.get("body", b""))
+                self.size += len(chunk)
+                if self.size > self.limit:
+                    self._drop()
+                else:
+                    self.body.append(chunk)
             if not message.get("more_body", False):
                 self.complete = True
         else:  # trailers, zero-copy or path sends: not something we can store and replay
-            self.overflow = True
+            self._drop()
         await self.send(message)
+
+    def _drop(self) -> None:
+        """Give up the copy (the response still goes out whole): it will not be stored."""
+        self.overflow = True
+        self.body.clear()
 
     def storable(self, stored: Callable[[int], bool]) -> bool:
         """A complete response within the size cap whose status is one to ``stored``."""

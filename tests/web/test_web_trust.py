@@ -9,10 +9,12 @@ import hashlib
 from typing import Any
 
 import httpx
+import pytest
 from support.webserver import fresh_backend
 
 import aioratelimit as arl
 from aioratelimit import _keys
+from aioratelimit._web import records
 from aioratelimit.asgi import (
     RateLimitMiddleware,
     path_param,
@@ -51,3 +53,37 @@ async def _ok(scope: Any, receive: Any, send: Any) -> None:
 
 
 # -- recording a streamed response ---------------------------------------------------------
+
+
+async def test_recording_a_streamed_response_costs_the_same_per_chunk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ResponseCopy measures each chunk once (a running total), not every chunk so far: 2,000
+    chunks take at most two len() calls each; past max_response it keeps nothing more, and
+    the client still gets every chunk."""
+    calls = 0
+
+    def counted(obj: Any) -> int:
+        nonlocal calls
+        calls += 1
+        return len(obj)
+
+    monkeypatch.setattr(records, "len", counted, raising=False)
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    chunks = 2000
+    for limit, stored in ((1 << 20, True), (100, False)):
+        calls, sent = 0, []
+        copy = records.ResponseCopy(send, limit)
+        await copy({"type": "http.response.start", "status": 200, "headers": []})
+        for i in range(chunks):
+            body = {"type": "http.response.body", "body": b"0123456789", "more_body": True}
+            await copy(body if i < chunks - 1 else {**body, "more_body": False})
+        assert calls <= 2 * chunks, calls
+        assert copy.storable(lambda status: True) is stored
+        assert copy.size == (10 * chunks if stored else 110)
+        assert len(copy.body) == (chunks if stored else 0)
+        assert len(sent) == chunks + 1
