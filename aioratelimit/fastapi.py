@@ -58,6 +58,7 @@ from ._web.flow import RateLimitFlow, Verdict
 from ._web.idempotency_dependency import IdempotencyKey, IdempotentRequest
 from ._web.plans import Choice, LimiterFunc, Plan
 from ._web.problems import ProblemException, add_problem_handler, unavailable
+from ._web.routes import route_place
 from ._web.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = [
@@ -98,8 +99,12 @@ class RateLimit:
     ``Retry-After``, ``RateLimit-Policy`` and ``RateLimit``. ``client(scope)`` is the same
     kind of client function the middleware takes (sync or async; ``None`` = not limited); so is
     ``limiter``, which may be a function of the scope that picks the limiter (and the cost)
-    per request: tiers. The policy is named ``policy_name``, else the limiter's ``name``,
-    else ``"default"`` (give it a name of its own when the middleware limits the same route).
+    per request: tiers. A limiter without a ``name`` counts per route (the route's methods
+    and path template are part of its key), so two routes that each declare
+    ``RateLimit(arl.FixedWindow("2/minute"))`` count apart; a named limiter counts under its
+    name on every route it is used on (a quota shared on purpose). The policy is named
+    ``policy_name``, else the limiter's ``name``, else ``"default"`` (give it a name of its
+    own when the middleware limits the same route).
     Backend unreachable: 503 with ``Retry-After``, or with ``on_unavailable="allow"`` the
     endpoint runs, or with ``on_unavailable=Fallback(share)`` the
     request is counted in-process on ``share`` of the limits; a WARNING either way.
@@ -148,11 +153,12 @@ class RateLimit:
         return self._flow.legacy_headers
 
     async def __call__(self, request: Request, response: Response) -> Decision | None:
-        verdict = await self._flow.check(self.plan, request.scope)
+        scope = request.scope
+        verdict = await self._flow.check(self.plan, scope, route_place(scope))
         if verdict is None:
             return None
         if verdict.status != 200:
-            raise await self._refuse(verdict, request.scope)
+            raise await self._refuse(verdict, scope)
         for k, v in verdict.fields:
             response.headers.append(k.decode(), v.decode())
         return verdict.decision

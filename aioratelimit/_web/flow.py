@@ -8,6 +8,11 @@ breaker: ``on_unavailable`` is ``"deny"`` (503 with ``Retry-After``: the web def
 ``"allow"`` (the request passes unlimited) or a ``Fallback(share)``: each limiter gets an
 in-process twin with ``share`` of its limits, counted while the backend is unavailable.
 ``shadow=True`` never refuses. A limiter's own options apply underneath, as anywhere.
+
+Where a limit is declared decides what it shares: a limiter with a ``name`` counts under
+that name wherever it is used (shared on purpose); an unnamed one counts per place it is
+declared (a ``Rule``, or the route of a ``RateLimit`` dependency), so two routes that each
+declare ``FixedWindow("2/minute")`` get two counts per client, not one.
 """
 
 from __future__ import annotations
@@ -64,6 +69,12 @@ class Verdict:
     def refusal(self, scope: Scope) -> Refusal:
         """The refusal as a ``respond=`` hook is given it."""
         return refusal(self.status, self.detail, self.fields, scope, self.decision, self.policy)
+
+
+def placed(place: str, client: str) -> str:
+    """The key an unnamed limiter counts ``client`` under at ``place``: both, the place
+    length-prefixed so that no two (place, client) pairs share a key."""
+    return f"route:{len(place)}:{place}:{client}"
 
 
 def _same(decision: Decision) -> Decision:
@@ -125,10 +136,11 @@ class RateLimitFlow:
         self._guards[limiter] = guard
         return guard
 
-    async def check(self, plan: Plan, scope: Scope) -> Verdict | None:
-        """The verdict on a request under ``plan``; None: not limited, the app runs as it is
-        (the plan picked no limiter, the client function answered None, or the backend is
-        unavailable and the face lets requests through)."""
+    async def check(self, plan: Plan, scope: Scope, place: str | None = None) -> Verdict | None:
+        """The verdict on a request under ``plan``, declared at ``place`` (a rule's or a
+        route's text; None: one count for every route); None: not limited, the app runs as
+        it is (the plan picked no limiter, the client function answered None, or the backend
+        is unavailable and the face lets requests through)."""
         pick = await plan.pick(scope)
         if pick is None:
             return None
@@ -136,6 +148,8 @@ class RateLimitFlow:
         if client is None:
             return None
         limiter, options = pick.limiter, self._options
+        if place is not None and limiter.name is None:
+            client = placed(place, client)
         try:
             if options is None:
                 decision = await limiter.hit(client, pick.cost)

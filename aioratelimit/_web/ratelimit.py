@@ -28,16 +28,19 @@ from .types import ASGIApp, Receive, Scope, Send
 class Rule:
     """A limit for one route: ``Rule("POST", "/orders/{id}", limiter)``.
 
-    ``method`` is one method, several, or ``"*"``; ``path`` a template where ``{name}``
-    matches one path segment and ``{name:path}`` the rest of the path, matched against the
-    path inside the application (a mount prefix or ``root_path`` left out). ``limiter`` is a
-    limiter, or a function of the scope that picks one (and the cost) per request (see
-    ``RateLimitMiddleware``). ``client`` (default: the middleware's) and ``cost`` apply to
+    ``method`` is one method, several, or ``"*"``; a ``GET`` rule covers ``HEAD`` too (a
+    framework answers ``HEAD`` by running the ``GET`` endpoint, so it is counted, not let
+    past the limit). ``path`` is a template where ``{name}`` matches one path segment and
+    ``{name:path}`` the rest of the path, matched against the path inside the application
+    (a mount prefix or ``root_path`` left out). ``limiter`` is a limiter, or a function of
+    the scope that picks one (and the cost) per request (see ``RateLimitMiddleware``); a
+    limiter without a ``name`` counts for this rule alone, a named one counts under its
+    name wherever it is used. ``client`` (default: the middleware's) and ``cost`` apply to
     requests of this route; ``name`` is the policy name in the ``RateLimit`` headers
     (default: the limiter's ``name`` if it has one, else the middleware's ``policy_name``).
     """
 
-    __slots__ = ("client", "cost", "limiter", "methods", "name", "template")
+    __slots__ = ("client", "cost", "limiter", "methods", "name", "place", "template")
 
     def __init__(
         self,
@@ -49,8 +52,12 @@ class Rule:
         cost: int = 1,
         name: str | None = None,
     ) -> None:
-        self.methods = methods_of(method)
+        methods = methods_of(method)
+        self.methods = methods | {"HEAD"} if methods is not None and "GET" in methods else methods
         self.template = Template.compile(path)
+        #: the rule as text, ``"GET,HEAD /orders/{id}"``: what an unnamed limiter counts per
+        shown = "*" if self.methods is None else ",".join(sorted(self.methods))
+        self.place = f"{shown} {self.template.text}"
         self.client = check_client_func(client, "client")
         self.name = name
         self.limiter = limiter
@@ -63,8 +70,7 @@ class Rule:
         )
 
     def __repr__(self) -> str:
-        methods = "*" if self.methods is None else ",".join(sorted(self.methods))
-        return f"<Rule {methods} {self.template.text} {self.limiter!r} cost={self.cost}>"
+        return f"<Rule {self.place} {self.limiter!r} cost={self.cost}>"
 
 
 class RateLimitMiddleware:
@@ -147,20 +153,22 @@ class RateLimitMiddleware:
             None if limiter is None else Plan(limiter, client, cost, policy_name, fallback)
         )
 
-    def _plan(self, method: str, path: str) -> Plan | None:
+    def _plan(self, method: str, path: str) -> tuple[Plan | None, str | None]:
+        """The request's plan (None: not limited) and where it was declared (a rule's
+        place; None for the default, one count across every route)."""
         if matches_any(self._exempt, path):
-            return None
+            return None, None
         for rule, plan in self._rules:
             if rule.matches(method, path):
-                return plan
-        return self._default
+                return plan, rule.place
+        return self._default, None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        plan = self._plan(scope["method"], route_path(scope))
-        verdict = None if plan is None else await self._flow.check(plan, scope)
+        plan, place = self._plan(scope["method"], route_path(scope))
+        verdict = None if plan is None else await self._flow.check(plan, scope, place)
         if verdict is None:
             await self.app(scope, receive, send)
         elif verdict.status == 200:

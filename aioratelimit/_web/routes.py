@@ -70,6 +70,32 @@ def route_path(scope: Scope) -> str:
     return path[len(root) :] if path[len(root)] == "/" else path
 
 
+def route_place(scope: Scope) -> str | None:
+    """The route a router sent the request to, as stable text: its methods (``HEAD`` aside,
+    which a ``GET`` route answers) and path template, under a ``Mount`` with the mount's
+    path in front, ``"GET /items/{item_id}"``; else its endpoint's qualified name; ``None``
+    when no router has routed the request.
+
+    Read from what Starlette's router writes into the scope (``scope["route"]``,
+    ``scope["endpoint"]``), so a FastAPI dependency knows which route it is on.
+    """
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    if isinstance(path, str):
+        methods = getattr(route, "methods", None) or ()
+        named = sorted(m for m in methods if m != "HEAD") or sorted(methods) or ["*"]
+        # A Mount adds its matched path to root_path, over the app's own (app_root_path).
+        root = scope.get("root_path") or ""
+        top = scope.get("app_root_path")
+        mount = root[len(top) :] if isinstance(top, str) and root.startswith(top) else ""
+        return f"{','.join(named)} {mount}{path}"
+    endpoint = scope.get("endpoint")
+    if endpoint is not None:
+        name = getattr(endpoint, "__qualname__", None) or type(endpoint).__qualname__
+        return f"{getattr(endpoint, '__module__', None) or '?'}.{name}"
+    return None
+
+
 def templates(paths: Iterable[str] | str) -> tuple[Template, ...]:
     if isinstance(paths, str):
         paths = (paths,)
