@@ -14,7 +14,7 @@ imports no web framework.
         rules=[Rule("POST", "/orders/{id}", arl.TokenBucket("5/second"))],
         exempt=["/health"],
     )
-    app = IdempotencyMiddleware(app, require=["/payments"])
+    app = IdempotencyMiddleware(app, routes=["/payments"], require=True)
 
 Type aliases for code that plugs into it: ``Scope``, ``Receive``, ``Send``, ``Message`` and
 ``ASGIApp`` (the ASGI shapes), ``ClientFunc`` (``client=``), ``LimiterFunc`` and ``Choice``
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from . import _public
 from ._web.answers import Refusal, RespondWithApp
-from ._web.clients import ClientFunc, client_ip, header, path_param, user_id
+from ._web.clients import ClientFunc, client_ip, credentials, header, path_param, user_id
 from ._web.idempotency import STORED, FingerprintFunc, IdempotencyMiddleware, request_fingerprint
 from ._web.plans import Choice, LimiterFunc
 from ._web.ratelimit import RateLimitMiddleware, Rule
@@ -50,6 +50,7 @@ __all__ = [
     "Scope",
     "Send",
     "client_ip",
+    "credentials",
     "header",
     "path_param",
     "request_fingerprint",

@@ -106,7 +106,7 @@ def create_app(
         return list(payments.values())
 
     # The last middleware added is the outermost: limits first, then idempotency keys.
-    app.add_middleware(IdempotencyMiddleware, backend=backend, require=["/payments"])
+    app.add_middleware(IdempotencyMiddleware, backend=backend, routes=["/payments"], require=True)
     if rate_limit:
         app.add_middleware(
             RateLimitMiddleware,

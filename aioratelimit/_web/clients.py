@@ -1,10 +1,14 @@
 """Who a request's client is, read from its ASGI scope: the key a limiter counts it under.
 
 A client function takes the scope and returns that key (or ``None``: not limited), sync or
-async; ``client_ip``, ``header``, ``path_param`` and ``user_id`` build the usual ones, and
-``resolve`` calls any of them and checks the answer. A key never holds a credential:
-``header`` stores a digest of ``Authorization``, ``Cookie`` and key- or token-like headers
-(``is_credential``), since key names are visible to whoever can list them.
+async; ``client_ip``, ``header``, ``path_param``, ``user_id`` and ``credentials`` build the
+usual ones, and ``resolve`` calls any of them and checks the answer. A key never holds a
+credential: ``header`` and ``credentials`` store a digest of ``Authorization``, ``Cookie``
+and key- or token-like headers (``is_credential``), since key names are visible to whoever
+can list them.
+
+``header`` and ``path_param`` read what the client wrote: a key made of them alone is a
+key the client chooses (see ``header``'s docstring).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import hmac
 import inspect
 import ipaddress
 import re
+import secrets
 from collections.abc import Awaitable, Callable, Iterable
 
 from .._args import check_int, check_key
@@ -300,6 +305,49 @@ def identity(user: object) -> str | None:
         f"cannot take a user id from {type(user).__name__}: give it an 'identity', 'id' or"
         " 'username' attribute, or put a str/int in the scope"
     )
+
+
+#: The key of ``credential_digest`` until a deployment secret keys it: drawn once per process.
+_DIGEST_KEY = secrets.token_bytes(32)
+#: Never part of the credentials: it names the request, not who sends it.
+_NOT_CREDENTIALS = frozenset({b"idempotency-key"})
+
+
+def credential_digest(material: bytes) -> str:
+    """The one keyed digest of what a request's credentials are: 128 bits of HMAC-SHA256, in
+    hex. Keyed, so who reads the key names cannot test guesses of a credential."""
+    return hmac.new(_DIGEST_KEY, material, hashlib.sha256).hexdigest()[:_DIGEST_HEX]
+
+
+def credentials(*, ip: ClientFunc | None = None) -> ClientFunc:
+    """A client function: the credentials a request carries, with the address it comes from,
+    ``"cred:<digest>"``: a keyed digest (``credential_digest``) of its ``Authorization``,
+    ``Proxy-Authorization`` and ``Cookie`` fields, of every other header ``header()`` takes
+    for a credential (``X-API-Key``, ``X-Auth-Token``...; ``Idempotency-Key`` aside), and of
+    the client's key as ``ip(scope)`` names it (default ``client_ip()``).
+
+    Two requests share it only when they carry the same credentials from the same address:
+    two accounts behind one NAT, or a stranger with a made-up API key on the same network,
+    never share a key, and the address alone is never the key (``client_ip()`` says so when
+    that is what you mean). A request that carries no credential is keyed by its address.
+    Neither a credential nor the address appears in the key.
+    """
+    address = check_client_func(ip, "ip") or client_ip()
+
+    async def key(scope: Scope) -> str:
+        found = sorted(
+            (bytes(k), bytes(v))
+            for k, v in scope.get("headers") or ()
+            if bytes(k) not in _NOT_CREDENTIALS and is_credential(bytes(k).decode("latin-1"))
+        )
+        where = (await resolve(address, scope) or "-").encode("utf-8", "surrogatepass")
+        # Each part length-prefixed: no two sets of credentials spell the same material.
+        parts = [where, *(p for pair in found for p in pair)]
+        material = b"".join(b"%d:%s" % (len(p), p) for p in parts)
+        return f"cred:{credential_digest(material)}"
+
+    key.__qualname__ = key.__name__ = "credentials"
+    return key
 
 
 def _strings(values: Iterable[str], what: str) -> list[str]:

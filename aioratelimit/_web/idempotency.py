@@ -5,6 +5,9 @@
 request runs the app under a ``ResponseCopy`` and its response is stored; a repeat is
 answered from the record. The key's parsing and the fingerprint are shared with the
 FastAPI ``IdempotencyKey`` dependency.
+
+A route whose ``IdempotencyKey`` dependency handles its keys is left to it
+(``keyed_routes``).
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ from .answers import (
     send_problem,
     unavailable_detail,
 )
-from .clients import ClientFunc, check_client_func, client_ip, header_values, resolve, user_id
+from .clients import ClientFunc, check_client_func, credentials, header_values, resolve, user_id
+from .keyed_routes import HANDOFF, Handoff, KeyedRoutes
 from .records import ResponseCopy, send_recorded
-from .routes import Template, matches_any, methods_of, route_path, templates
+from .routes import matches_any, methods_of, route_path, templates
 from .types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("aioratelimit")
@@ -68,8 +72,9 @@ def request_fingerprint(scope: Scope, body: bytes) -> bytes:
 
 def default_client() -> ClientFunc:
     """Whose keys a request's are: the authenticated user in ``scope["user"]`` (Starlette's
-    ``AuthenticationMiddleware``), else the client's IP address."""
-    return user_id(fallback=client_ip())
+    ``AuthenticationMiddleware``), ``"user:<id>"``; else a keyed digest of the credentials
+    the request carries and its address, ``"cred:<digest>"`` (``credentials()``)."""
+    return user_id(fallback=credentials())
 
 
 def check_wait(wait: object) -> bool:
@@ -149,13 +154,23 @@ class IdempotencyMiddleware:
     303 by default; statuses, a ``range`` or a predicate), its response (status, safe
     headers, body) is stored for ``ttl`` seconds; a later request with the same key gets
     that response again with ``Idempotent-Replayed: true``, without running anything. Any
-    other response frees the key at once: a retry runs. The key is scoped per client
-    (``client(scope)``, by default the authenticated ``scope["user"]``, else the IP address
-    as ``client_ip()`` judges it) and bound to the request's ``fingerprint(scope, body)``,
-    by default ``request_fingerprint``: method, path, query string and a SHA-256 of the body.
+    other response frees the key at once: a retry runs. The key is bound to the request's
+    ``fingerprint(scope, body)``, by default ``request_fingerprint``: method, path, query
+    string and a SHA-256 of the body.
 
-    - ``400`` (problem+json) when the key is malformed, or missing on a path that requires
-      it (``require=True``: every path; or a list of path templates);
+    A stored response is only ever replayed to the client that created it. The client is
+    ``client(scope)``: by default the authenticated ``scope["user"]`` (an authentication
+    middleware's), else a keyed digest of the credentials the request carries
+    (``Authorization``, ``Cookie``, ``X-API-Key``...) together with its address
+    (``credentials()``); the address alone only when you say so, ``client=client_ip()``. A
+    client function that answers ``None`` leaves that request unprotected.
+
+    Which requests it takes: every route (``routes=None``), or only those whose path matches
+    one of the ``routes`` templates; never the ``exempt`` ones, and never a route that has
+    an ``IdempotencyKey`` dependency, which handles the keys of its route itself.
+
+    - ``400`` (problem+json) when the key is malformed, or missing with ``require=True`` (on
+      every route it takes; without, a request with no key runs unprotected);
     - ``409`` with ``Retry-After`` while the first request with the key still runs; with
       ``wait=True`` a duplicate waits for it to finish and gets its response, or the 409
       once ``timeout`` seconds have passed (``None``: as long as the first one runs);
@@ -172,10 +187,12 @@ class IdempotencyMiddleware:
 
     __slots__ = (
         "_exempt",
+        "_keyed",
         "_outage",
-        "_require",
         "_retry_unavailable",
+        "_routes",
         "_stored",
+        "_warned",
         "app",
         "client",
         "fingerprint",
@@ -183,6 +200,7 @@ class IdempotencyMiddleware:
         "max_response",
         "methods",
         "on_unavailable",
+        "require",
         "store",
         "timeout",
         "wait",
@@ -194,7 +212,8 @@ class IdempotencyMiddleware:
         *,
         backend: Backend | None = None,
         methods: Iterable[str] = ("POST", "PATCH"),
-        require: bool | Iterable[str] = False,
+        routes: Iterable[str] | str | None = None,
+        require: bool = False,
         exempt: Iterable[str] | str = (),
         client: ClientFunc | None = None,
         max_body: int = 1 << 20,
@@ -218,10 +237,14 @@ class IdempotencyMiddleware:
         if ms is None:
             raise ValueError("methods must name the methods to protect, not '*'")
         self.methods = ms
-        if isinstance(require, bool):
-            self._require: bool | tuple[Template, ...] = require
-        else:
-            self._require = templates(require)
+        if not isinstance(require, bool):
+            raise TypeError(
+                "require must be a bool: whether every route the middleware takes needs the"
+                " header; to take some routes only, list them: routes=['/payments'],"
+                " require=True"
+            )
+        self.require = require
+        self._routes = None if routes is None else templates(routes)
         self._exempt = templates(exempt)
         client = check_client_func(client, "client")
         self.client = default_client() if client is None else client
@@ -237,26 +260,29 @@ class IdempotencyMiddleware:
         )
         self._retry_unavailable = (retry_after_field(unavailable_retry_after),)
         self._outage = OutageLog("IdempotencyMiddleware")
+        self._keyed = KeyedRoutes(app)
+        self._warned = False
 
-    def _required(self, path: str) -> bool:
-        if isinstance(self._require, bool):
-            return self._require
-        return matches_any(self._require, path)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def _takes(self, scope: Scope) -> bool:
+        """Whether this request is the middleware's to handle (its key, or its lack of one)."""
         if scope["type"] != "http" or scope["method"] not in self.methods:
-            await self.app(scope, receive, send)
-            return
+            return False
         path = route_path(scope)
         if matches_any(self._exempt, path):
+            return False
+        return self._routes is None or matches_any(self._routes, path)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self._takes(scope):
             await self.app(scope, receive, send)
             return
         values = header_values(scope, b"idempotency-key")
+        # A route whose own dependency handles its keys is left to it, key or not.
+        if (not values and not self.require) or self._keyed.owns(scope):
+            await self.app(scope, receive, send)
+            return
         if not values:
-            if self._required(path):
-                await send_problem(send, 400, "this request needs an Idempotency-Key header")
-            else:
-                await self.app(scope, receive, send)
+            await send_problem(send, 400, "this request needs an Idempotency-Key header")
             return
         idem = parse_idempotency_key(values[0]) if len(values) == 1 else None
         if idem is None:
@@ -266,6 +292,10 @@ class IdempotencyMiddleware:
                 "malformed Idempotency-Key: expected one quoted string of 1 to"
                 f" {MAX_IDEMPOTENCY_KEY} visible ASCII characters",
             )
+            return
+        who = await resolve(self.client, scope)
+        if who is None:  # the app's client function leaves this request unprotected
+            await self.app(scope, receive, send)
             return
         if self._declared_length(scope) > self.max_body:
             await self._too_large(send)
@@ -277,7 +307,6 @@ class IdempotencyMiddleware:
             return
         except _Disconnected:
             return
-        who = await resolve(self.client, scope) or "-"
         key = f"{len(who)}:{who}:{idem}"
         fingerprint = await call_fingerprint(self.fingerprint, scope, body)
         replayed = _replayer(body, receive)
@@ -320,8 +349,12 @@ class IdempotencyMiddleware:
 
     async def _run(self, scope: Scope, receive: Receive, send: Send, claimed: Claimed) -> None:
         copy = ResponseCopy(send, self.max_response)
+        handoff = scope[HANDOFF] = Handoff()
         async with self.store.running(claimed):
             await self.app(scope, receive, copy)
+            if handoff.taken:
+                self._handed_off(scope)
+                return  # the route's dependency has the key: leaving releases ours
             if not copy.storable(self._stored):
                 if copy.overflow and copy.complete:
                     log.warning(
@@ -337,6 +370,19 @@ class IdempotencyMiddleware:
             except BackendUnavailable as exc:
                 # The client has its response; a retry will run again once the lease passes.
                 self._outage(exc, self.on_unavailable == "allow")
+
+    def _handed_off(self, scope: Scope) -> None:
+        """A request reached an ``IdempotencyKey`` dependency the routes did not show."""
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "IdempotencyMiddleware: %s %s reached an IdempotencyKey dependency, which"
+                " handles its keys itself: the middleware stores nothing for it. It did not"
+                " find that route among the app's routes; exempt it (exempt=) or list the"
+                " middleware's own routes (routes=)",
+                scope["method"],
+                scope["path"],
+            )
 
     @staticmethod
     def _declared_length(scope: Scope) -> int:

@@ -29,6 +29,7 @@ from .._backend import Backend
 from .._errors import BackendUnavailable, IdempotencyKeyMismatch
 from .._idempotency.results import JSON, RECORD_OVERHEAD, Codec, Serializer
 from .._idempotency.store import MAX_RESULT_BYTES, Claimed, IdempotencyStore, InProgress, Replay
+from .._keys import key_part
 from .._limits.failure import check_on_unavailable
 from .._public import NoPublicConstructor
 from .answers import UNAVAILABLE_RETRY_AFTER, WEB_POLICIES, OutageLog
@@ -42,6 +43,7 @@ from .idempotency import (
     parse_idempotency_key,
     request_fingerprint,
 )
+from .keyed_routes import HANDOFF, Handoff, KeyedDependency
 from .problems import ProblemException, unavailable
 
 log = logging.getLogger("aioratelimit")
@@ -113,7 +115,7 @@ class _InstanceSignature:
         return None if obj is None else obj._signature
 
 
-class IdempotencyKey:
+class IdempotencyKey(KeyedDependency):
     """``Depends(IdempotencyKey(client=Depends(current_account)))``: ``Idempotency-Key``
     for one route; the dependency's value is an ``IdempotentRequest`` (see the module
     docstring).
@@ -123,9 +125,12 @@ class IdempotencyKey:
     - the key is scoped per client: ``client`` is a client function of the scope, as the
       middleware's, or ``Depends(dependency)``, any FastAPI dependency (the route's own
       authentication: FastAPI auth never fills ``scope["user"]``), whose value is a str or
-      int id, or an object with ``identity``, ``id`` or ``username``; FastAPI runs it once
-      for this dependency and the endpoint. When it answers ``None``, or without
-      ``client``: ``scope["user"]``, else the IP;
+      int id, or an object with ``identity``, ``id`` or ``username`` (scoped as
+      ``"user:<id>"``, apart from every address); FastAPI runs it once for this dependency
+      and the endpoint. When it answers ``None``, or without ``client``: the middleware's
+      default, ``scope["user"]``, else the request's credentials with its address. A client
+      function that answers ``None`` leaves the request unprotected;
+    - ``IdempotencyMiddleware`` leaves the routes this dependency is on to it;
     - ``422`` when the key comes again with another ``fingerprint(scope, body)`` (by
       default the method, path, query string and body);
     - ``409`` with ``Retry-After`` while the first request runs; with ``wait=True`` a
@@ -224,6 +229,9 @@ class IdempotencyKey:
     async def __call__(
         self, *, request: Request, response: Response, client: Any = None
     ) -> AsyncIterator[IdempotentRequest]:
+        handoff = request.scope.get(HANDOFF)
+        if isinstance(handoff, Handoff):
+            handoff.taken = True  # an IdempotencyMiddleware runs this request: ours to handle
         values = request.headers.getlist("idempotency-key")
         if not values:
             if self.required:
@@ -237,7 +245,15 @@ class IdempotencyKey:
                 "malformed Idempotency-Key: expected one quoted string of 1 to"
                 f" {MAX_IDEMPOTENCY_KEY} visible ASCII characters",
             )
-        who = identity(client) or await resolve(self.client, request.scope) or "-"
+        principal = identity(client)
+        # A principal's id is scoped as a user, never in the address namespace of a client
+        # function ("ip:...", "cred:..."): an account named "ip:10.0.0.1" is not that address.
+        who = f"user:{key_part(principal)}" if principal else None
+        if who is None:
+            who = await resolve(self.client, request.scope)
+        if who is None:  # the client function leaves this request unprotected
+            yield IdempotentRequest._create(self, None)
+            return
         key = f"{len(who)}:{who}:{idem}"
         fp = await call_fingerprint(self.fingerprint, request.scope, await request.body())
         try:

@@ -117,9 +117,9 @@ async def serving_with(app: Any, backend: arl.Backend, **config: Any) -> AsyncIt
 
 
 async def test_idempotency_paths_are_the_app_s_own_under_a_mount(store_url: str) -> None:
-    """require=["/payments"] holds for /api/payments under Mount("/api")."""
+    """routes=["/payments"], require=True holds for /api/payments under Mount("/api")."""
     backend = fresh_backend(store_url)
-    mw = IdempotencyMiddleware(Echo(), backend=backend, require=["/payments"])
+    mw = IdempotencyMiddleware(Echo(), backend=backend, routes=["/payments"], require=True)
     app = Starlette(routes=[Mount("/api", app=mw)])
     async with serving(app, backend) as client:
         missing = await client.post("/api/payments", content=b"x")
