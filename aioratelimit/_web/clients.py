@@ -204,6 +204,12 @@ def header(
 ) -> ClientFunc:
     """A client function: request header ``name``, ``"hdr:<name>:<value>"``.
 
+    **The client writes this header.** Counted by it alone, a client escapes its limit by
+    sending a new value with each request, and uses up another client's by sending theirs.
+    Count by a principal the app has verified instead (look the API key up, count per
+    account and unknown keys per ``client_ip()``: ``docs/tiers.md``), or keep a limit per
+    ``client_ip()`` in front that holds whatever the header says.
+
     A header that carries a credential is never stored as it is: key names are visible to
     anyone with ``SCAN``, ``MONITOR`` or the slow log. For ``Authorization``,
     ``Proxy-Authorization``, ``Cookie``, and by default for every header whose name has
@@ -244,6 +250,9 @@ def header(
 def path_param(name: str, template: str, *, fallback: ClientFunc | None = None) -> ClientFunc:
     """A client function: parameter ``name`` of the path matched against ``template``, e.g.
     ``path_param("id", "/orders/{id}")`` gives ``"path:id:42"`` for ``/orders/42``.
+
+    The client writes the path: this counts per *resource* (each order its own budget), not
+    per client, whom a new id per request lets through; pair it with a per-client limit.
 
     A path that does not match goes to ``fallback(scope)`` if given, else to one shared bucket.
     """

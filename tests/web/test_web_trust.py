@@ -30,6 +30,7 @@ from aioratelimit.asgi import (
     RateLimitMiddleware,
     Rule,
     client_ip,
+    header,
     path_param,
 )
 from aioratelimit.fastapi import IdempotencyKey, IdempotentRequest, RateLimit, credentials
@@ -366,6 +367,14 @@ async def test_a_short_key_part_never_shares_a_long_one_s_counter() -> None:
 async def _ok(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def test_header_keys_say_the_client_writes_them() -> None:
+    """The key helpers that read what the client wrote say so in their docstrings."""
+    assert header.__doc__ is not None
+    assert "The client writes this header" in header.__doc__
+    assert path_param.__doc__ is not None
+    assert "The client writes the path" in path_param.__doc__
 
 
 # -- recording a streamed response ---------------------------------------------------------
