@@ -27,7 +27,7 @@ from ._stores.base import (
     Store,
 )
 from ._stores.notify import Notifier
-from ._urls import check_scheme, redact
+from ._urls import check_scheme, parse_error, redact
 
 log = logging.getLogger("aioratelimit")
 
@@ -126,15 +126,18 @@ class Backend:
             from ._stores.sentinel import sentinel_store as build
         else:
             from ._stores.standalone import standalone_store as build
-        store = build(
-            url,
-            max_connections=max_connections,
-            timeout=timeout,
-            connect_timeout=connect_timeout,
-            max_in_flight=max_in_flight,
-            on_call=on_call,
-            **redis_options,
-        )
+        try:
+            store = build(
+                url,
+                max_connections=max_connections,
+                timeout=timeout,
+                connect_timeout=connect_timeout,
+                max_in_flight=max_in_flight,
+                on_call=on_call,
+                **redis_options,
+            )
+        except ValueError as exc:  # not chained: the parser's own words may quote a password
+            raise ValueError(parse_error(url, exc)) from None
         return cls._of(store, prefix=prefix, url=url, timeout=timeout)
 
     async def _run_repeatable(

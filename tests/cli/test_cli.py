@@ -191,6 +191,27 @@ def test_password_is_not_printed(capsys: pytest.CaptureFixture[str]) -> None:
     assert "***@127.0.0.1" in err
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["demo", "--url", "redis://:hunter2/qzx9@127.0.0.1:6379/0"],
+        ["inspect", "lock", "x", "--url", "redis+cluster://:hunter2?qzx9@127.0.0.1:7000"],
+        ["doctor", "--url", "rediss://arl:hunter2#qzx9@127.0.0.1:6380/0"],
+    ],
+)
+def test_a_malformed_url_is_echoed_without_any_part_of_its_password(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A password with an unencoded '/', '?' or '#': one error line, status 2, naming the
+    fix, and neither the URL as echoed nor the reason quotes a piece of the password."""
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert (out, err.count("\n")) == ("", 1)
+    assert [piece for piece in ("hunter2", "qzx9") if piece in err] == [], err
+    assert "***@127.0.0.1" in err
+    assert "percent-encoded" in err
+
+
 def version() -> subprocess.CompletedProcess[str]:
     return run(sys.executable, "-m", "aioratelimit", "--version")
 
