@@ -64,6 +64,37 @@ def seconds(value: float | None) -> str:
     return "no TTL" if value is None else f"{value:.3f} s"
 
 
+_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(data: bytes) -> str:
+    """Stored bytes as one line a terminal shows as they are and never obeys: UTF-8 text
+    with a backslash, each control character (escape sequences, newlines), and each
+    invisible formatting or separator character (bidirectional overrides, zero-width
+    ones) written as Python writes it (``\\x1b``, ``\\n``, ``\\u202e``, ``\\\\``);
+    bytes that are not UTF-8 as a Python bytes literal (``b'\\x80...'``)."""
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        return repr(data)
+    return "".join(_escape(c) for c in text)
+
+
+def _escape(c: str) -> str:
+    if c in _ESCAPES:
+        return _ESCAPES[c]
+    if c.isprintable():
+        return c
+    code = ord(c)
+    return (
+        f"\\x{code:02x}"
+        if code < 0x100
+        else f"\\u{code:04x}"
+        if code < 0x10000
+        else f"\\U{code:08x}"
+    )
+
+
 def out(text: str = "") -> None:
     """One line on stdout, flushed (a pipe sees it at once; a closed one raises here)."""
     sys.stdout.write(text + "\n")

@@ -420,6 +420,34 @@ def test_inspect_idempotency_never_prints_the_result_unless_asked(redis_url: str
     assert "unknown: no record" in unknown.stdout
 
 
+def test_show_result_escapes_what_a_terminal_would_obey(redis_url: str, key: str) -> None:
+    """A stored result with terminal escapes (a colour, a title change, a bell), a
+    bidirectional override, newlines and a C1 control is printed on one line with each of
+    them escaped, never raw; bytes that are not UTF-8 as a bytes literal."""
+    stored = b'{"n": "\x1b[2J\x1b]0;pwned\x07\xe2\x80\xae\xc2\x9b\\ok\r\nnext", "e": "\xc3\xa9"}'
+
+    async def states(backend: arl.Backend) -> None:
+        store = IdempotencyStore(backend, ttl=600, lease=30)
+        for suffix, result in (("text", stored), ("binary", b"\x80\x1b[2J")):
+            claim = await store.claim(f"{key}-{suffix}")
+            assert isinstance(claim, Claimed)
+            await store.complete(claim, result)
+
+    on(redis_url, states)
+    text = cli("inspect", "idempotency", f"{key}-text", "--show-result", "--url", redis_url)
+    binary = cli("inspect", "idempotency", f"{key}-binary", "--show-result", "--url", redis_url)
+    for proc in (text, binary):
+        assert proc.returncode == 0, proc.stderr
+        controls = [c for c in proc.stdout if not c.isprintable() and c != "\n"]
+        assert controls == [], proc.stdout
+        assert "\u202e" not in proc.stdout
+    (line,) = [line for line in text.stdout.splitlines() if "result:" in line]
+    assert line == (
+        '  result: {"n": "\\x1b[2J\\x1b]0;pwned\\x07\\u202e\\x9b\\\\ok\\r\\nnext", "e": "é"}'
+    )
+    assert "  result: b'\\x80\\x1b[2J'" in binary.stdout
+
+
 # -- reset -----------------------------------------------------------------------------------
 
 
