@@ -19,15 +19,31 @@ class CliError(Exception):
     ``aioratelimit: error: <message>``, exit status 2."""
 
 
+#: Where the URL came from when neither ``--url`` nor ``REDIS_URL`` named one.
+NO_URL = "the default: neither --url nor REDIS_URL is set"
+
+
 def resolve_url(url: str | None) -> tuple[str, str]:
     """The URL a command talks to and where it came from: ``--url``, else ``REDIS_URL``,
-    else ``memory://`` (as ``aioratelimit.configure()`` chooses)."""
+    else ``memory://`` (as ``aioratelimit.configure()`` chooses; the source is then
+    ``NO_URL``)."""
     if url is not None:
         return url, "--url"
     env = os.environ.get("REDIS_URL")
     if env:
         return env, "REDIS_URL"
-    return "memory://", "the default: neither --url nor REDIS_URL is set"
+    return "memory://", NO_URL
+
+
+def no_url_error(command: str) -> CliError:
+    """What a command that reads or changes a deployment's state says when no URL names
+    one: on the store it would otherwise open (memory://, empty, gone when it ends) its
+    answer ("free", "unknown", "forgotten") would be about nothing."""
+    return CliError(
+        f"{command} needs the deployment's URL: neither --url nor REDIS_URL is set, and"
+        " the in-process store (memory://) it would use instead starts empty and ends with"
+        " this command; pass --url (--url memory:// to try the command anyway)"
+    )
 
 
 def open_backend(url: str, prefix: str, source: str = "--url", **options: object) -> Backend:

@@ -272,7 +272,7 @@ def test_demo_into_a_closed_pipe_stops_quietly(request: pytest.FixtureRequest) -
         pytest.param(
             command, marks=pytest.mark.early(job=functools.partial(read_one_line, *command))
         )
-        for command in [["doctor"], ["bench", "--seconds", "0.1"]]
+        for command in [["doctor", "--url", "memory://"], ["bench", "--seconds", "0.1"]]
     ],
 )
 def test_every_command_survives_a_closed_pipe(
@@ -599,11 +599,22 @@ def test_doctor_reports_a_ready_deployment(request: pytest.FixtureRequest, deplo
 
 
 def test_doctor_on_memory_is_ready() -> None:
-    """memory:// (no URL, no REDIS_URL) works: ready, and says its limits are per process."""
-    proc = cli("doctor")
+    """``--url memory://`` asked for: ready, and it says its limits are per process."""
+    proc = cli("doctor", "--url", "memory://")
     assert proc.returncode == 0, proc.stdout
     assert "memory: the embedded store" in proc.stdout
     assert "per process" in proc.stdout
+
+
+def test_doctor_without_a_url_is_not_ready() -> None:
+    """Neither ``--url`` nor ``REDIS_URL``: a readiness probe missing its setting must not
+    pass on a throw-away in-process store: one FAIL line saying so, "not ready", status 1."""
+    proc = cli("doctor")
+    assert proc.returncode == 1, proc.stdout
+    topics = re.findall(r"^  (ok|warn|FAIL)\s+(\w+)", proc.stdout, re.MULTILINE)
+    assert topics == [("FAIL", "url")], proc.stdout
+    assert "neither --url nor REDIS_URL is set" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == "not ready: 1 problem"
 
 
 def test_doctor_not_ready_when_unreachable_and_hides_the_password() -> None:
@@ -698,13 +709,13 @@ def test_bench_draws_a_progress_bar_on_a_terminal(request: pytest.FixtureRequest
 @pytest.mark.parametrize(
     "args",
     [
-        ["inspect", "limit", "k", "--fixed", "100/fortnight"],
+        ["inspect", "limit", "k", "--fixed", "100/fortnight", "--url", "memory://"],
         ["inspect", "limit", "k"],
         ["inspect", "limit", "k", "--fixed", "5/s", "--token", "5/s"],
-        ["inspect", "limit", "", "--fixed", "5/s"],
+        ["inspect", "limit", "", "--fixed", "5/s", "--url", "memory://"],
         ["inspect", "gauge", "k"],
-        ["inspect", "limit", "k", "--token", "0/second"],
-        ["reset", "limit", "k", "--sliding", "5/minute", "--buckets", "0"],
+        ["inspect", "limit", "k", "--token", "0/second", "--url", "memory://"],
+        ["reset", "limit", "k", "--sliding", "5/minute", "--buckets", "0", "--url", "memory://"],
         ["bench", "--url", "redis+cluster://127.0.0.1:1,127.0.0.1:2"],
         ["bench", "--url", "redis+sentinel://127.0.0.1:1/mymaster"],
         ["bench", "--seconds", "0"],
@@ -745,11 +756,32 @@ def test_a_bad_spec_resets_nothing(redis_url: str, key: str) -> None:
     ],
 )
 def test_inspect_and_reset_run_on_memory(args: list[str], says: str) -> None:
-    """Without a URL they run on memory:// (a store of their own process, so empty)."""
-    proc = cli(*args)
+    """With ``--url memory://`` they run there (a store of their own process, so empty)."""
+    proc = cli(*args, "--url", "memory://")
     assert proc.returncode == 0, proc.stderr
     assert "memory:// (the embedded store: per process)" in proc.stdout
     assert says in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["inspect", "limit", "k", "--fixed", "5/minute"],
+        ["inspect", "lock", "jobs"],
+        ["inspect", "semaphore", "api"],
+        ["inspect", "idempotency", "order-1"],
+        ["reset", "limit", "k", "--sliding", "5/minute"],
+        ["reset", "lock", "jobs", "--force", "--yes"],
+    ],
+)
+def test_inspect_and_reset_refuse_to_run_without_a_url(args: list[str]) -> None:
+    """Neither ``--url`` nor ``REDIS_URL``: no "free", "unknown" or "forgotten" about a
+    store that starts empty and ends with the command; one line saying so, status 2."""
+    proc = cli(*args)
+    line = one_error_line(proc)
+    assert proc.stdout == ""
+    assert "neither --url nor REDIS_URL is set" in line
+    assert f"{args[0]} {args[1]} needs the deployment's URL" in line
 
 
 def test_a_malformed_redis_url_is_named_as_such() -> None:
