@@ -204,7 +204,12 @@ class Backend:
         return head
 
     async def aclose(self) -> None:
-        """Close the pool this backend owns (a wrapped client is left open)."""
+        """Close the pool this backend owns (a wrapped client is left open). A backend a
+        test installed (``aioratelimit.testing``) is left open while it is installed: the
+        app's own shutdown closing "its" backend must not close the test's."""
+        if self is _default and _test_installed:
+            log.debug("aioratelimit: aclose() of the installed test backend: left open")
+            return
         await self._store.aclose()
 
     async def __aenter__(self) -> Backend:
@@ -291,6 +296,9 @@ def _check_prefix(prefix: object) -> str:
 
 
 _default: Backend | None = None
+#: Whether ``_default`` was installed by a test (``install_test_default``): while it is,
+#: ``configure()`` returns it rather than replacing it, and its ``aclose()`` does nothing.
+_test_installed = False
 
 
 def configure(
@@ -300,10 +308,21 @@ def configure(
 
     With neither ``url`` nor ``client``: ``REDIS_URL`` from the environment, else
     ``memory://``. The previous default is not closed (it may still be in use).
+
+    While a test has installed a backend of its own (``aioratelimit.testing``: its
+    fixtures, ``default_backend()``), that backend wins: ``configure()`` checks its
+    arguments, builds nothing and returns it, so an app that configures itself at start-up
+    (a FastAPI lifespan) runs on the test's store and clock, and never reaches the server
+    that ``url`` or ``REDIS_URL`` names.
     """
     global _default
     if url is not None and client is not None:
         raise ValueError("configure() takes a url or a client, not both")
+    if _test_installed and _default is not None:
+        if url is not None:
+            check_scheme(url)
+        log.debug("aioratelimit: configure() during a test: the test's backend stays")
+        return _default
     if client is not None:
         if pool_options:
             raise TypeError("pool options apply to a url, not to a client you pass in")
@@ -324,12 +343,32 @@ def get_backend() -> Backend:
 
 def swap_default(backend: Backend | None) -> Backend | None:
     """Install ``backend`` as the default and return the one it replaces; ``None`` leaves
-    none, so the next use builds it again from ``REDIS_URL`` (else memory://). For
-    ``aioratelimit.testing``, which puts the previous default back after a test; an
-    application calls ``configure``."""
-    global _default
-    previous, _default = _default, backend
+    none, so the next use builds it again from ``REDIS_URL`` (else memory://). Either way
+    no test backend is installed any more (``configure`` replaces the default again). For
+    ``aioratelimit.testing``; an application calls ``configure``."""
+    global _default, _test_installed
+    previous, _default, _test_installed = _default, backend, False
     return previous
+
+
+DefaultState = tuple["Backend | None", bool]
+
+
+def install_test_default(backend: Backend) -> DefaultState:
+    """Install ``backend`` as the default a test runs on, which ``configure()`` returns
+    rather than replaces and ``aclose()`` leaves open until ``restore_default`` is given the
+    state this returns (the default and whether it was a test's, before)."""
+    global _default, _test_installed
+    previous = _default, _test_installed
+    _default, _test_installed = backend, True
+    return previous
+
+
+def restore_default(state: DefaultState) -> None:
+    """Put back the default (and whether a test installed it) that ``install_test_default``
+    replaced."""
+    global _default, _test_installed
+    _default, _test_installed = state
 
 
 def _env_url() -> str:
