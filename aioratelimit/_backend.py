@@ -3,7 +3,8 @@
 A primitive never talks to redis-py. It hands a ``Script`` with its keys and arguments to
 ``Backend._run``; the backend's store answers (``_stores``): a Redis store by EVALSHA, the
 memory store by the script's Python twin. ``Backend.from_url`` picks the store by the URL's
-scheme; ``Backend(client)`` wraps a client the application already has.
+scheme; ``Backend(client)`` wraps a client the application already has. Each backend also
+holds the deployment's secret (``Keyring``), which keys the digests its primitives store.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from . import _keys
 from ._args import check_int, check_seconds
 from ._errors import BackendUnavailable
+from ._keys import UNKEYED, Keyring, resolve_secret
 from ._scripts import Arg, OnCall, Reply, Script
 from ._stores.base import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -27,7 +29,7 @@ from ._stores.base import (
     Store,
 )
 from ._stores.notify import Notifier
-from ._urls import check_scheme, redact
+from ._urls import check_scheme, parse_error, redact
 
 log = logging.getLogger("aioratelimit")
 
@@ -46,6 +48,12 @@ class Backend:
     client the application already has (it is not closed by ``aclose``);
     ``Backend.from_url(url)`` builds and owns a bounded pool.
 
+    ``secret`` is the deployment's secret (at least 16 bytes, the same in every process
+    using the deployment), or a list of them, newest first, while one is rotated: it keys
+    the digests the backend's primitives store instead of a value (a token's subject, a
+    credential header). Without it, ``AIORATELIMIT_SECRET`` from the environment
+    (comma-separated, newest first), else none: the digests are then plain SHA-256.
+
     A backend built by ``from_url`` serves one running event loop at a time: the
     connections it opened on a loop are closed when that loop shuts down (``asyncio.run``,
     ``asyncio.Runner``, ``uvloop.run``, pytest-asyncio), and a later loop gets fresh ones.
@@ -54,14 +62,21 @@ class Backend:
     # What the primitives use (``_run``, ``_run_repeatable``, ``_notifier``, ``_head``...) is
     # private: their types are the package's own, and the public surface is the constructor,
     # ``from_url``, ``prefix``, ``url``, ``timeout``, ``aclose`` and ``async with``.
-    __slots__ = ("_heads", "_run", "_store", "prefix", "timeout", "url")
+    __slots__ = ("_heads", "_keyring", "_run", "_store", "prefix", "timeout", "url")
 
-    def __init__(self, client: Any, *, prefix: str = "arl") -> None:
+    def __init__(
+        self,
+        client: Any,
+        *,
+        prefix: str = "arl",
+        secret: str | bytes | Sequence[str | bytes] | None = None,
+    ) -> None:
         if client is None:
             raise TypeError("Backend(client) needs a redis.asyncio client; use from_url()")
-        self._setup(_wrap(client), prefix, "client://", DEFAULT_TIMEOUT)
+        keyring = resolve_secret(secret)
+        self._setup(_wrap(client), prefix, "client://", DEFAULT_TIMEOUT, keyring)
 
-    def _setup(self, store: Store, prefix: str, url: str, timeout: float) -> None:
+    def _setup(self, store: Store, prefix: str, url: str, timeout: float, keyring: Keyring) -> None:
         self._store = store
         #: ``await backend._run(script, keys, args)``: one script, atomically, in one round
         #: trip (the store's own bound method, so a decision pays no extra call layer)
@@ -75,13 +90,24 @@ class Backend:
         #: heads, filled by ``_head`` (a hot path may read it first: a dict hit is cheaper
         #: than the call)
         self._heads: dict[tuple[str, str | None], str] = {}
+        #: the deployment's secret(s): ``_keyring.digest(purpose, data)`` is the digest to
+        #: store for a value that must not be stored as it is (keyed by the newest secret;
+        #: a plain SHA-256 without one), ``_keyring.digests(...)`` the digests it may have
+        #: been stored under before a rotation, newest first
+        self._keyring = keyring
 
     @classmethod
     def _of(
-        cls, store: Store, *, prefix: str, url: str, timeout: float = DEFAULT_TIMEOUT
+        cls,
+        store: Store,
+        *,
+        prefix: str,
+        url: str,
+        timeout: float = DEFAULT_TIMEOUT,
+        keyring: Keyring = UNKEYED,
     ) -> Backend:
         self = object.__new__(cls)
-        self._setup(store, prefix, url, timeout)
+        self._setup(store, prefix, url, timeout, keyring)
         return self
 
     @classmethod
@@ -95,6 +121,7 @@ class Backend:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         on_call: OnCall | None = None,
+        secret: str | bytes | Sequence[str | bytes] | None = None,
         **redis_options: Any,
     ) -> Backend:
         """A backend for ``url``, owning its connections.
@@ -107,10 +134,12 @@ class Backend:
         ``BackendUnavailable``. ``max_connections`` bounds the connections redis-py opens
         for the backend (wake-ups, cluster topology and routing). ``on_call`` is called
         with a ``ScriptCall`` after every script call (instrumentation: it names the
-        script and the server, never a key). Other keyword arguments are connection
-        settings as redis-py takes them (``ssl_ca_certs``, ``client_name``, ...).
+        script and the server, never a key). ``secret``: the deployment's secret (see the
+        class). Other keyword arguments are connection settings as redis-py takes them
+        (``ssl_ca_certs``, ``client_name``, ...).
         """
         check_scheme(url)
+        keyring = resolve_secret(secret)
         check_int(max_connections, "max_connections")
         check_int(max_in_flight, "max_in_flight")
         if on_call is not None and not callable(on_call):
@@ -118,7 +147,7 @@ class Backend:
         timeout = check_seconds(timeout, "timeout")
         connect_timeout = check_seconds(connect_timeout, "connect_timeout")
         if url.startswith("memory://"):
-            return memory_backend(prefix=prefix, timeout=timeout, on_call=on_call)
+            return memory_backend(prefix=prefix, timeout=timeout, on_call=on_call, secret=secret)
         build: Callable[..., Store]
         if url.startswith("redis+cluster://"):
             from ._stores.cluster import cluster_store as build
@@ -126,16 +155,19 @@ class Backend:
             from ._stores.sentinel import sentinel_store as build
         else:
             from ._stores.standalone import standalone_store as build
-        store = build(
-            url,
-            max_connections=max_connections,
-            timeout=timeout,
-            connect_timeout=connect_timeout,
-            max_in_flight=max_in_flight,
-            on_call=on_call,
-            **redis_options,
-        )
-        return cls._of(store, prefix=prefix, url=url, timeout=timeout)
+        try:
+            store = build(
+                url,
+                max_connections=max_connections,
+                timeout=timeout,
+                connect_timeout=connect_timeout,
+                max_in_flight=max_in_flight,
+                on_call=on_call,
+                **redis_options,
+            )
+        except ValueError as exc:  # not chained: the parser's own words may quote a password
+            raise ValueError(parse_error(url, exc)) from None
+        return cls._of(store, prefix=prefix, url=url, timeout=timeout, keyring=keyring)
 
     async def _run_repeatable(
         self, script: Script, keys: Sequence[str], args: Sequence[Arg]
@@ -201,7 +233,12 @@ class Backend:
         return head
 
     async def aclose(self) -> None:
-        """Close the pool this backend owns (a wrapped client is left open)."""
+        """Close the pool this backend owns (a wrapped client is left open). A backend a
+        test installed (``aioratelimit.testing``) is left open while it is installed: the
+        app's own shutdown closing "its" backend must not close the test's."""
+        if self is _default and _test_installed:
+            log.debug("aioratelimit: aclose() of the installed test backend: left open")
+            return
         await self._store.aclose()
 
     async def __aenter__(self) -> Backend:
@@ -225,15 +262,18 @@ def memory_backend(
     clock: Callable[[], int] | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     on_call: OnCall | None = None,
+    secret: str | bytes | Sequence[str | bytes] | None = None,
 ) -> Backend:
     """A backend on a new, empty in-process store (``memory://``): the one place that builds
     one. ``clock`` (microseconds since the epoch, as Redis ``TIME`` answers) replaces the
     wall clock: ``aioratelimit.testing.ManualClock`` moves only when a test says so;
-    ``on_call`` is reported every script call, as ``from_url``'s."""
+    ``on_call`` is reported every script call, as ``from_url``'s; ``secret`` is the
+    deployment's secret, as ``from_url``'s."""
     from ._stores.memory.store import MemoryStore, ObservedMemoryStore
 
+    keyring = resolve_secret(secret)
     store = MemoryStore(clock) if on_call is None else ObservedMemoryStore(on_call, clock)
-    return Backend._of(store, prefix=prefix, url="memory://", timeout=timeout)
+    return Backend._of(store, prefix=prefix, url="memory://", timeout=timeout, keyring=keyring)
 
 
 #: What ``Backend(client)`` takes (anything else is a TypeError at once).
@@ -288,25 +328,46 @@ def _check_prefix(prefix: object) -> str:
 
 
 _default: Backend | None = None
+#: Whether ``_default`` was installed by a test (``install_test_default``): while it is,
+#: ``configure()`` returns it rather than replacing it, and its ``aclose()`` does nothing.
+_test_installed = False
 
 
 def configure(
-    url: str | None = None, *, client: Any = None, prefix: str = "arl", **pool_options: Any
+    url: str | None = None,
+    *,
+    client: Any = None,
+    prefix: str = "arl",
+    secret: str | bytes | Sequence[str | bytes] | None = None,
+    **pool_options: Any,
 ) -> Backend:
     """Build a backend and install it as the default every primitive uses.
 
     With neither ``url`` nor ``client``: ``REDIS_URL`` from the environment, else
-    ``memory://``. The previous default is not closed (it may still be in use).
+    ``memory://``. ``secret``: the deployment's secret (see ``Backend``; without it,
+    ``AIORATELIMIT_SECRET``). The previous default is not closed (it may still be in use).
+
+    While a test has installed a backend of its own (``aioratelimit.testing``: its
+    fixtures, ``default_backend()``), that backend wins: ``configure()`` checks its
+    arguments, builds nothing and returns it, so an app that configures itself at start-up
+    (a FastAPI lifespan) runs on the test's store and clock, and never reaches the server
+    that ``url`` or ``REDIS_URL`` names.
     """
     global _default
     if url is not None and client is not None:
         raise ValueError("configure() takes a url or a client, not both")
+    if _test_installed and _default is not None:
+        if url is not None:
+            check_scheme(url)
+        resolve_secret(secret)  # a bad secret is refused here too
+        log.debug("aioratelimit: configure() during a test: the test's backend stays")
+        return _default
     if client is not None:
         if pool_options:
             raise TypeError("pool options apply to a url, not to a client you pass in")
-        backend = Backend(client, prefix=prefix)
+        backend = Backend(client, prefix=prefix, secret=secret)
     else:
-        backend = Backend.from_url(url or _env_url(), prefix=prefix, **pool_options)
+        backend = Backend.from_url(url or _env_url(), prefix=prefix, secret=secret, **pool_options)
     _default = backend
     return backend
 
@@ -321,12 +382,32 @@ def get_backend() -> Backend:
 
 def swap_default(backend: Backend | None) -> Backend | None:
     """Install ``backend`` as the default and return the one it replaces; ``None`` leaves
-    none, so the next use builds it again from ``REDIS_URL`` (else memory://). For
-    ``aioratelimit.testing``, which puts the previous default back after a test; an
-    application calls ``configure``."""
-    global _default
-    previous, _default = _default, backend
+    none, so the next use builds it again from ``REDIS_URL`` (else memory://). Either way
+    no test backend is installed any more (``configure`` replaces the default again). For
+    ``aioratelimit.testing``; an application calls ``configure``."""
+    global _default, _test_installed
+    previous, _default, _test_installed = _default, backend, False
     return previous
+
+
+DefaultState = tuple["Backend | None", bool]
+
+
+def install_test_default(backend: Backend) -> DefaultState:
+    """Install ``backend`` as the default a test runs on, which ``configure()`` returns
+    rather than replaces and ``aclose()`` leaves open until ``restore_default`` is given the
+    state this returns (the default and whether it was a test's, before)."""
+    global _default, _test_installed
+    previous = _default, _test_installed
+    _default, _test_installed = backend, True
+    return previous
+
+
+def restore_default(state: DefaultState) -> None:
+    """Put back the default (and whether a test installed it) that ``install_test_default``
+    replaced."""
+    global _default, _test_installed
+    _default, _test_installed = state
 
 
 def _env_url() -> str:

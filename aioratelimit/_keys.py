@@ -1,6 +1,7 @@
 """Every Redis key aioratelimit writes is named here, and only here; so is every random
 token stored in them (``new_token``: locks, semaphore slots, idempotency claims, one-shot
-tokens).
+tokens), and the digest that stands in a key or a record for a value that must not be
+stored as it is (``Keyring``: keyed by the deployment's secret).
 
 Layout: ``<prefix>:<kind>[:<name>]:{<user key>}<suffix>``.
 
@@ -15,7 +16,10 @@ user keys never share a Redis key).
 from __future__ import annotations
 
 import hashlib
+import hmac
+import os
 import secrets
+from collections.abc import Sequence
 
 _ESCAPES = str.maketrans({"%": "%25", "{": "%7B", "}": "%7D"})
 
@@ -108,3 +112,111 @@ def lock(lock_head: str, name: str) -> tuple[str, str]:
 def semaphore(sem_head: str, name: str) -> tuple[str, str, str]:
     """A semaphore's holders (ZSET), its fences (HASH) and its wake-up channel (one tag)."""
     return tagged(sem_head, name), tagged(sem_head, name, ":fence"), tagged(sem_head, name, ":wake")
+
+
+# -- the deployment's secret ---------------------------------------------------------------
+#
+# What keys every digest the library stores of a value it must not store as it is (a
+# token's subject, a credential header, a web request's credentials). Without a secret
+# such a digest is a plain SHA-256: a long random value (an API key of 128 random bits, a
+# session cookie) cannot be recovered from it, but a short or guessable one (a user id, an
+# e-mail address, a 6-digit code) is found by hashing guesses, by anyone who can read the
+# keys or records. With a secret it is an HMAC-SHA256 under that secret: without the
+# secret, no guess can be tested. A ``Keyring`` holds the secrets newest first: a digest is
+# written under the newest (``digest``), and one stored earlier is looked up or checked
+# under each (``digests``), so a secret can be rotated: ``[new, old]`` until what was keyed
+# by ``old`` has expired.
+
+#: The environment variable a backend built without ``secret=`` takes its secret from:
+#: one secret, or several separated by commas, newest first.
+SECRET_ENV = "AIORATELIMIT_SECRET"
+#: The shortest secret accepted (bytes): 128 bits, when it is random.
+MIN_SECRET_BYTES = 16
+
+Secret = str | bytes | Sequence[str | bytes]
+
+
+class Keyring:
+    """The secrets of one backend, newest first (none: digests are unkeyed)."""
+
+    __slots__ = ("_heads", "_keys")
+
+    def __init__(self, keys: tuple[bytes, ...] = ()) -> None:
+        self._keys = keys
+        # (secret, purpose) -> the HMAC with the purpose already fed: each digest copies one.
+        self._heads: dict[tuple[int, str], hmac.HMAC] = {}
+
+    @property
+    def keyed(self) -> bool:
+        """Whether a secret keys the digests."""
+        return bool(self._keys)
+
+    def digest(self, purpose: str, data: bytes) -> str:
+        """The digest to write for ``data`` (hex, 64 digits): HMAC-SHA256 under the newest
+        secret of ``purpose``, a NUL and ``data`` (so a digest made for one purpose never
+        stands for another), or without a secret the SHA-256 of ``data``."""
+        if not self._keys:
+            return hashlib.sha256(data).hexdigest()
+        return self._mac(0, purpose, data)
+
+    def digests(self, purpose: str, data: bytes) -> tuple[str, ...]:
+        """The digest of ``data`` under each secret, newest first (one without a secret):
+        what a value stored before a rotation may have been written as."""
+        if not self._keys:
+            return (hashlib.sha256(data).hexdigest(),)
+        return tuple(self._mac(i, purpose, data) for i in range(len(self._keys)))
+
+    def _mac(self, index: int, purpose: str, data: bytes) -> str:
+        head = self._heads.get((index, purpose))
+        if head is None:
+            head = hmac.new(self._keys[index], purpose.encode() + b"\0", hashlib.sha256)
+            if len(self._heads) < 64:  # purposes are a handful of constants
+                self._heads[index, purpose] = head
+        mac = head.copy()
+        mac.update(data)
+        return mac.hexdigest()
+
+    def __repr__(self) -> str:  # never the secrets themselves
+        return f"<Keyring {len(self._keys)} secret{'s' if len(self._keys) != 1 else ''}>"
+
+
+#: The keyring of a backend without a secret.
+UNKEYED = Keyring()
+
+
+def keyring(secret: object, what: str = "secret") -> Keyring:
+    """A ``Keyring`` of ``secret``: a str (UTF-8) or bytes of at least ``MIN_SECRET_BYTES``,
+    or a non-empty list or tuple of them, newest first; ``None``: no secret. ``TypeError``
+    or ``ValueError`` (naming ``what``, never the value) for anything else."""
+    if secret is None:
+        return UNKEYED
+    items = list(secret) if isinstance(secret, (list, tuple)) else [secret]
+    if not items:
+        raise ValueError(f"{what} must hold at least one secret (newest first)")
+    keys = []
+    for item in items:
+        if isinstance(item, str):
+            item = item.encode("utf-8")
+        elif not isinstance(item, bytes):
+            raise TypeError(
+                f"{what} must be a str or bytes, or a list of them (newest first),"
+                f" not {type(item).__name__}"
+            )
+        if len(item) < MIN_SECRET_BYTES:
+            raise ValueError(
+                f"{what} must be at least {MIN_SECRET_BYTES} bytes, each of them: a random"
+                " key, e.g. secrets.token_urlsafe(32)"
+            )
+        keys.append(item)
+    return Keyring(tuple(keys))
+
+
+def resolve_secret(secret: object) -> Keyring:
+    """The keyring of a backend: ``secret`` if given, else ``AIORATELIMIT_SECRET`` from the
+    environment (comma-separated, newest first), else none."""
+    if secret is not None:
+        return keyring(secret)
+    env = os.environ.get(SECRET_ENV, "")
+    if not env.strip():
+        return UNKEYED
+    return keyring([part.strip() for part in env.split(",") if part.strip()], SECRET_ENV)

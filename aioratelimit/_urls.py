@@ -3,6 +3,12 @@
 ``redis://``, ``rediss://`` and ``unix://`` go to redis-py's own parser unchanged; this
 module reads only what redis-py does not: ``redis+cluster://host:port,host:port`` and
 ``redis+sentinel://host:port,host:port/service_name``.
+
+No message built here or by a parser ever quotes a password: ``check_scheme`` refuses, before
+any parser sees it, a URL whose user part runs past its authority (a ``/``, ``?`` or ``#``
+left unencoded in a password makes a parser take the rest for a port, a path or a query,
+and quote it), and ``parse_error`` withholds a parser's message wherever that could still
+happen. ``redact`` is what every repr, log line and error shows of a URL.
 """
 
 from __future__ import annotations
@@ -18,12 +24,52 @@ SCHEMES = (
 
 
 def check_scheme(url: object) -> str:
-    """``url`` if it is a str with a supported scheme, else ``TypeError``/``ValueError``."""
+    """``url`` if it is a str with a supported scheme and an unambiguous user part, else
+    ``TypeError``/``ValueError`` (whose message shows the URL only redacted)."""
     if not isinstance(url, str):
         raise TypeError(f"url must be a str, not {type(url).__name__}")
     if not url.startswith(SCHEMES):
         raise ValueError(f"unsupported URL {redact(url)!r}: expected one of {', '.join(SCHEMES)}")
+    if _user_part_overruns(url):
+        raise ValueError(_ENCODE_IT)
     return url
+
+
+#: What is said of a URL whose user part a parser would split: never the parser's words.
+_ENCODE_IT = (
+    "malformed URL: its user or password part holds a '/', '?' or '#' (or an '@' follows"
+    " it), which must be percent-encoded (%2F, %3F, %23, %40)"
+)
+
+
+def _authority(url: str) -> tuple[str, str]:
+    """(authority, the rest): what follows ``://`` up to the first ``/``, ``?`` or ``#``."""
+    rest = url.partition("://")[2]
+    cut = re.search(r"[/?#]", rest)
+    return (rest, "") if cut is None else (rest[: cut.start()], rest[cut.start() :])
+
+
+def _user_part_overruns(url: str) -> bool:
+    """Whether an ``@`` stands where none can: in the path (a unix socket's path aside) or
+    the fragment, or in a query item before its ``=``. Each is a user part with an
+    unencoded ``/``, ``?`` or ``#``, which parsers would quote as a port, host or path."""
+    authority, rest = _authority(url)
+    if "@" not in rest:
+        return False
+    before, _, fragment = rest.partition("#")
+    path, _, query = before.partition("?")
+    if "@" in fragment or ("@" in path and (authority or not url.startswith("unix://"))):
+        return True
+    return any("@" in item.partition("=")[0] for item in query.split("&"))
+
+
+def parse_error(url: str, exc: Exception) -> str:
+    """The message for a parser's ``exc`` about ``url``: its own, unless an ``@`` follows
+    the URL's authority (then the parser's split may differ from ``redact``'s, and its
+    words could quote part of the password)."""
+    if "@" in _authority(url)[1]:
+        return _ENCODE_IT + "; the parser's message is withheld: it could quote the password"
+    return str(exc)
 
 
 def parse_hosts(netloc: str, default_port: int) -> tuple[list[Address], str | None, str | None]:
@@ -63,13 +109,26 @@ def _port(raw: str, part: str) -> int:
     return port
 
 
-_QUERY_SECRET = re.compile(r"(?i)([?&](?:password|ssl_password)=)[^&#]*")
+_QUERY_ITEM = re.compile(r"(?P<head>[?&](?P<name>[^=&#]*)=)[^&#]*")
+#: A query parameter is taken for a secret when a word of its name (split at ``_``, ``-``,
+#: ``.``) is one of these: ``password``, ``ssl_password``, ``token``, ``auth_token``,
+#: ``client_secret``, ``api_key``... (``ssl_keyfile``, a path, is shown).
+_SECRET_WORDS = frozenset(
+    {"password", "passwd", "pwd", "pass", "token", "secret", "key", "apikey", "auth",
+     "credential", "credentials", "sig", "signature"}
+)  # fmt: skip
+
+
+def _hide_secret(item: re.Match[str]) -> str:
+    words = re.split(r"[_.-]", unquote(item["name"]).lower())
+    return item["head"] + "***" if _SECRET_WORDS.intersection(words) else item[0]
 
 
 def redact(url: str) -> str:
-    """The URL without a password (in its user part or its query), for reprs, logs and
+    """The URL without its user part (user and password) and without the value of any
+    query parameter named like a secret (``password``, ``token``...), for reprs, logs and
     error messages."""
     scheme, sep, rest = url.partition("://")
     if "@" in rest:
         rest = "***@" + rest.rsplit("@", 1)[1]
-    return _QUERY_SECRET.sub(r"\1***", f"{scheme}{sep}{rest}")
+    return _QUERY_ITEM.sub(_hide_secret, f"{scheme}{sep}{rest}")

@@ -2,7 +2,9 @@
 
 Every test gets its own empty in-process store (``memory://``), installed as the default
 backend for that test alone, so counts, locks and tokens never leak from one test into the
-next, and the default that was there before (none, usually) comes back afterwards. With a
+next, and the default that was there before (none, usually) comes back afterwards. While
+it is installed it wins over the application's own ``configure()`` (which returns it), so
+an app that configures itself at start-up still runs on the test's store. With a
 ``ManualClock``, time moves for the store only when the test says so: a test of "denied
 now, admitted a minute later" runs in no time.
 
@@ -30,7 +32,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from . import _public
-from ._backend import Backend, memory_backend, swap_default
+from ._backend import (
+    Backend,
+    install_test_default,
+    memory_backend,
+    restore_default,
+    swap_default,
+)
 from ._scripts import OnCall
 
 __all__ = ["ManualClock", "OnCall", "default_backend", "memory_backend", "reset_default"]
@@ -84,25 +92,30 @@ def _micros(seconds: float, name: str) -> int:
 def default_backend(backend: Backend | None = None) -> Iterator[Backend]:
     """Install ``backend`` (default: a new ``memory_backend()``) as the default backend for
     the ``with`` block, and put back the default that was there before on the way out,
-    whatever the block did (a ``configure()`` of its own included).
+    whatever the block did.
 
-    The backend is not closed: whoever built it closes it (a memory backend holds no
-    connection and needs no closing).
+    While it is installed it wins over the application's own set-up: ``configure()``
+    (called at start-up, in a FastAPI lifespan run by ``TestClient``) returns it instead of
+    building a backend, and ``aclose()`` on it (the app's shutdown) leaves it open.
+
+    The backend is not closed: whoever built it closes it, after the block (a memory
+    backend holds no connection and needs no closing).
     """
     if backend is None:
         backend = memory_backend()
     elif not isinstance(backend, Backend):
         raise TypeError(f"default_backend() takes a Backend, not {type(backend).__name__}")
-    previous = swap_default(backend)
+    previous = install_test_default(backend)
     try:
         yield backend
     finally:
-        swap_default(previous)
+        restore_default(previous)
 
 
 def reset_default() -> None:
     """Forget the default backend, so the next use builds it again from ``REDIS_URL``
-    (else ``memory://``), as in a fresh process. It is not closed."""
+    (else ``memory://``), as in a fresh process (a test backend installed around it no
+    longer wins over ``configure()``). It is not closed."""
     swap_default(None)
 
 
@@ -120,8 +133,9 @@ else:
     @pytest.fixture
     def arl_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
         """A new, empty memory:// backend, installed as the default for this test alone
-        (the previous default is put back after it). On ``arl_clock`` when the test asks
-        for that fixture too, else on the wall clock."""
+        (the previous default is put back after it); the app's ``configure()`` returns it
+        and never closes it (``default_backend``). On ``arl_clock`` when the test asks for
+        that fixture too, else on the wall clock."""
         clock: ManualClock | None = None
         if "arl_clock" in request.fixturenames:
             clock = request.getfixturevalue("arl_clock")

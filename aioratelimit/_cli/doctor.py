@@ -1,5 +1,6 @@
 """``aioratelimit doctor``: is this deployment ready? One line per check, in plain words,
-then ``ready`` (exit 0) or ``not ready`` (exit 1), so it can run as a readiness probe.
+then ``ready`` (exit 0) or ``not ready`` (exit 1), so it can run as a readiness probe. With
+neither ``--url`` nor ``REDIS_URL`` it is not ready: there is no deployment to vouch for.
 
 It asks the server through ``server_check`` (its clock, its INFO version and mode, whether
 it lets a script touch an undeclared key) and runs the library's read-only scripts on probe
@@ -22,7 +23,7 @@ from .._scripts import MIN_CLUSTER_VERSION, MIN_REDIS_VERSION, ScriptCall
 from .._urls import redact
 from .._version import __version__
 from . import admin as _admin
-from .output import CliError, open_backend, out
+from .output import NO_URL, CliError, open_backend, out
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 
@@ -64,6 +65,8 @@ def _version(text: str) -> tuple[int, ...] | None:
 def main(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         raise CliError(f"--timeout must be > 0, got {args.timeout}")
+    if args.url_source == NO_URL:
+        return _no_url()
     servers: list[str] = []
 
     def seen(call: ScriptCall) -> None:
@@ -78,6 +81,19 @@ def main(args: argparse.Namespace) -> int:
         on_call=seen,
     )
     return asyncio.run(_doctor(args, backend, servers))
+
+
+def _no_url() -> int:
+    """Nothing names the deployment: "ready" would vouch for a store of this process."""
+    out(f"aioratelimit {__version__} doctor")
+    Report().line(
+        FAIL,
+        "url",
+        "neither --url nor REDIS_URL is set: no deployment to check (an application"
+        " configured so runs on memory://, limits per process); --url memory:// checks that",
+    )
+    out("not ready: 1 problem")
+    return 1
 
 
 async def _doctor(args: argparse.Namespace, backend: Backend, servers: list[str]) -> int:

@@ -9,7 +9,9 @@
 This module holds the parser; each command lives in the module of its name (``inspect``
 and ``reset`` in ``state``).
 
-Every command talks to ``--url``, else ``REDIS_URL``, else ``memory://``. Every failure the
+Every command talks to ``--url``, else ``REDIS_URL``, else ``memory://``; ``inspect`` and
+``reset`` refuse that last one, and ``doctor`` answers "not ready" (a throw-away store of
+their own process would answer "free" or "forgotten" about nothing). Every failure the
 user can cause (bad input, an unreachable server) is one line on stderr and exit status 2,
 never a traceback; so is Ctrl-C (status 130) and a reader that closes the pipe early
 (``aioratelimit demo | head -1``: status 141, as a shell reports SIGPIPE).
@@ -28,7 +30,7 @@ from .._backend import Backend
 from .._errors import AioRateLimitError, BackendUnavailable
 from .._urls import redact
 from .._version import __version__
-from .output import EXIT_USAGE, CliError, open_backend, resolve_url, table
+from .output import EXIT_USAGE, NO_URL, CliError, no_url_error, open_backend, resolve_url, table
 
 __all__ = ["main", "table"]
 
@@ -83,14 +85,14 @@ def _parser() -> argparse.ArgumentParser:
     limit = what.add_parser("limit", parents=[common], help="a key under a limiter spec")
     limit.add_argument("key")
     _cli_state.add_limiter_spec(limit)
-    limit.set_defaults(run=_cli_state.inspect_limit)
+    limit.set_defaults(run=_cli_state.inspect_limit, needs_url=True)
     lock = what.add_parser("lock", parents=[common], help="a lock's holder, fence and TTL")
     lock.add_argument("name")
-    lock.set_defaults(run=_cli_state.inspect_lock)
+    lock.set_defaults(run=_cli_state.inspect_lock, needs_url=True)
     sem = what.add_parser("semaphore", parents=[common], help="a semaphore's holders")
     sem.add_argument("name")
     sem.add_argument("--limit", type=int, default=None, help="its limit, to show free slots")
-    sem.set_defaults(run=_cli_state.inspect_semaphore)
+    sem.set_defaults(run=_cli_state.inspect_semaphore, needs_url=True)
     idem = what.add_parser(
         "idempotency", parents=[common], help="whether a key is in progress or completed"
     )
@@ -99,19 +101,19 @@ def _parser() -> argparse.ArgumentParser:
     idem.add_argument(
         "--show-result", action="store_true", help="print the stored result (may hold data)"
     )
-    idem.set_defaults(run=_cli_state.inspect_idempotency)
+    idem.set_defaults(run=_cli_state.inspect_idempotency, needs_url=True)
 
     reset = commands.add_parser("reset", help="forget a key; free a lock a crashed process held")
     what = reset.add_subparsers(dest="what", metavar="WHAT", required=True)
     limit = what.add_parser("limit", parents=[common], help="forget a key's hits")
     limit.add_argument("key")
     _cli_state.add_limiter_spec(limit)
-    limit.set_defaults(run=_cli_state.reset_limit)
+    limit.set_defaults(run=_cli_state.reset_limit, needs_url=True)
     lock = what.add_parser("lock", parents=[common], help="free a lock whatever holds it")
     lock.add_argument("name")
     lock.add_argument("--force", action="store_true", help="free it (asks first)")
     lock.add_argument("--yes", action="store_true", help="do not ask")
-    lock.set_defaults(sync=_cli_state.reset_lock)
+    lock.set_defaults(sync=_cli_state.reset_lock, needs_url=True)
 
     doctor = commands.add_parser(
         "doctor", parents=[common], help="check a deployment is ready (exit 0) or not (1)"
@@ -146,6 +148,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     own: Callable[[argparse.Namespace], int] | None = getattr(args, "own", None)
     if own is not None:  # builds its own backend
         return own(args)
+    if getattr(args, "needs_url", False) and source == NO_URL:
+        raise no_url_error(f"{args.command} {args.what}")
     check: Callable[[argparse.Namespace], None] | None = getattr(args, "check", None)
     if check is not None:
         check(args)  # bad input: raised before any backend exists

@@ -22,7 +22,7 @@ from .._locks.lock import Lock, Semaphore
 from .._rates import Decision
 from .._scripts import IdemState
 from . import admin as _admin
-from .output import CliError, out, seconds, table, where
+from .output import CliError, out, printable, seconds, table, where
 
 
 def add_limiter_spec(parser: argparse.ArgumentParser) -> None:
@@ -170,11 +170,7 @@ async def inspect_idempotency(args: argparse.Namespace, backend: Backend) -> int
     if state.state is not IdemState.NONE:
         out(f"  record kept: {seconds(state.ttl)}")
     if state.result is not None:
-        try:
-            shown = state.result.decode()
-        except UnicodeDecodeError:
-            shown = repr(state.result)
-        out(f"  result: {shown}")
+        out(f"  result: {printable(state.result)}")
     return 0
 
 

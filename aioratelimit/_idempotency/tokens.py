@@ -1,11 +1,19 @@
 """One-shot tokens: ``issue_token``, ``consume_token`` and ``@consumes_token``.
 
 A token is ``secrets.token_urlsafe`` of 24 bytes (192 random bits). Redis never sees it: the
-record is named (and hash-tagged) by the SHA-256 of the token, and holds the SHA-256 of the
-subject it was issued for, so a dump of the server holds neither usable tokens nor
-subjects. ``lua/token_issue.lua`` stores the record with its TTL; ``lua/token_consume.lua``
-deletes it only when it exists and the subject matches, in one step, so of any number of
-concurrent consumers exactly one gets True, and a wrong subject leaves the token usable.
+record is named (and hash-tagged) by the SHA-256 of the token (192 random bits need no key:
+no guess can be tested), and holds a digest of the subject it was issued for, keyed by the
+backend's secret (``Backend._keyring``; a plain SHA-256 without one), so a dump of the
+server holds neither usable tokens nor, with a secret, anything a guessed subject can be
+tested against. ``lua/token_issue.lua`` stores the record with its TTL;
+``lua/token_consume.lua`` deletes it only when it exists and the subject matches, in one
+step, so of any number of concurrent consumers exactly one gets True, and a wrong subject
+leaves the token usable.
+
+While a secret is rotated (``secret=[new, old]``), a token is issued under the newest, and
+consumed under whichever secret it was issued under: a consume whose digest under the
+newest is answered "another subject" tries the next secret's, so a token issued before the
+rotation stays usable as long as its secret is listed (one more round trip for it only).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from .. import _keys, _scripts
 from .._args import check_seconds, to_us
 from .._backend import Backend, get_backend
 from .._errors import TokenRejected
+from .._keys import UNKEYED, Keyring
 from .._scripts import Consumed
 
 P = ParamSpec("P")
@@ -39,13 +48,24 @@ def _key(backend: Backend, token: str) -> str:
     return _keys.token(head, hashlib.sha256(token.encode("ascii")).hexdigest())
 
 
-def _subject(subject: object) -> str:
-    """The stored stand-in for a subject: '' for none, else a SHA-256 of it."""
-    if subject is None:
-        return ""
-    if not isinstance(subject, str):
+def _check_subject(subject: object) -> str | None:
+    if subject is not None and not isinstance(subject, str):
         raise TypeError(f"subject must be a str or None, not {type(subject).__name__}")
-    return hashlib.sha256(b"subject:" + subject.encode("utf-8", "surrogatepass")).hexdigest()
+    return subject
+
+
+def _subjects(keyring: Keyring, subject: str | None) -> tuple[str, ...]:
+    """The stored stand-ins for a subject, newest secret first: ('',) for none, else its
+    digest under each secret of ``keyring`` (one plain SHA-256 without a secret)."""
+    if subject is None:
+        return ("",)
+    data = b"subject:" + subject.encode("utf-8", "surrogatepass")
+    return keyring.digests("token-subject", data)
+
+
+def _subject(subject: object, keyring: Keyring = UNKEYED) -> str:
+    """The stand-in ``subject`` is stored as, under the newest secret of ``keyring``."""
+    return _subjects(keyring, _check_subject(subject))[0]
 
 
 def _backend(backend: Backend | None) -> Backend:
@@ -65,8 +85,9 @@ async def issue_token(
     accepts it, once.
     """
     ttl_us = to_us(check_seconds(ttl, "ttl"))
-    subject_hash = _subject(subject)
+    subject = _check_subject(subject)
     b = _backend(backend)
+    subject_hash = _subject(subject, b._keyring)  # under the newest secret
     for _ in range(3):
         token = _keys.new_token(TOKEN_BYTES)
         key = _key(b, token)
@@ -85,12 +106,18 @@ async def consume_token(
     (which stays usable by its own subject). A malformed token (not a str, empty, huge,
     foreign characters) is False too, without a round trip; it never raises for one.
     """
-    subject_hash = "" if subject is None else _subject(subject)
+    subject = _check_subject(subject)
     b = get_backend() if backend is None else _backend(backend)
     if not isinstance(token, str) or _WELL_FORMED.fullmatch(token) is None:
         return False
     key = _key(b, token)
-    return bool(await b._run(_scripts.TOKEN_CONSUME, (key,), (subject_hash,)) == Consumed.CONSUMED)
+    # Under each secret in turn, only while the answer is "issued for another subject",
+    # which burns nothing: a token issued before a rotation matches an older secret's.
+    for subject_hash in _subjects(b._keyring, subject):
+        answer = await b._run(_scripts.TOKEN_CONSUME, (key,), (subject_hash,))
+        if answer != Consumed.WRONG_SUBJECT:
+            return bool(answer == Consumed.CONSUMED)
+    return False
 
 
 def consumes_token(

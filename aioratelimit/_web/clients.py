@@ -13,16 +13,14 @@ key the client chooses (see ``header``'s docstring).
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import inspect
 import ipaddress
 import re
-import secrets
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from .._args import check_int, check_key
-from .._keys import key_part
+from .._backend import get_backend
+from .._keys import key_part, keyring
 from .routes import Template, route_path
 from .types import Scope
 
@@ -171,28 +169,19 @@ def is_credential(name: str) -> bool:
     return name in ALWAYS_SECRET or _SECRET_WORDS.search(name) is not None
 
 
-def _digester(secret: str | bytes | None) -> Callable[[str], str]:
-    """``value -> "sha256:<hex>"``, or with ``secret`` ``"hmac:<hex>"`` (HMAC-SHA256)."""
-    if secret is None:
+def _digester(secret: str | bytes | Sequence[str | bytes] | None) -> Callable[[str], str]:
+    """``value -> "hmac:<hex>"`` (HMAC-SHA256 under the newest secret), or ``"sha256:<hex>"``
+    without one. The secret is ``secret`` if given (checked now), else the default
+    backend's (``configure(secret=)``, ``AIORATELIMIT_SECRET``), read at each call: the
+    one secret of the deployment, rotated there."""
+    own = keyring(secret) if secret is not None else None
 
-        def plain(value: str) -> str:
-            digest = hashlib.sha256(value.encode("latin-1", "replace")).hexdigest()
-            return f"sha256:{digest[:_DIGEST_HEX]}"
+    def encode(value: str) -> str:
+        ring = own if own is not None else get_backend()._keyring
+        digest = ring.digest("header", value.encode("latin-1", "replace"))
+        return f"{'hmac' if ring.keyed else 'sha256'}:{digest[:_DIGEST_HEX]}"
 
-        return plain
-    if isinstance(secret, str):
-        secret = secret.encode()
-    if not isinstance(secret, bytes):
-        raise TypeError(f"secret must be str or bytes, not {type(secret).__name__}")
-    if len(secret) < 16:
-        raise ValueError("secret must be at least 16 bytes (a random key, e.g. from secrets)")
-    mac_key = secret
-
-    def keyed(value: str) -> str:
-        mac = hmac.new(mac_key, value.encode("latin-1", "replace"), hashlib.sha256)
-        return f"hmac:{mac.hexdigest()[:_DIGEST_HEX]}"
-
-    return keyed
+    return encode
 
 
 def header(
@@ -200,7 +189,7 @@ def header(
     *,
     fallback: ClientFunc | None = None,
     digest: bool | None = None,
-    secret: str | bytes | None = None,
+    secret: str | bytes | Sequence[str | bytes] | None = None,
 ) -> ClientFunc:
     """A client function: request header ``name``, ``"hdr:<name>:<value>"``.
 
@@ -214,11 +203,15 @@ def header(
     anyone with ``SCAN``, ``MONITOR`` or the slow log. For ``Authorization``,
     ``Proxy-Authorization``, ``Cookie``, and by default for every header whose name has
     ``key``, ``token``, ``secret``, ``auth``, ``session``, ``passw``, ``credential`` or
-    ``signature`` in it, the key holds a digest instead, ``"hdr:<name>:sha256:<hex>"``
-    (128 bits of SHA-256). With ``secret`` (at least 16 bytes, the same in every process),
-    a keyed HMAC-SHA256, ``"hdr:<name>:hmac:<hex>"``: who reads the key names cannot test
-    guesses of a short credential either. ``digest=True`` digests any header;
-    ``digest=False`` keeps a non-secret value readable (refused for the three above).
+    ``signature`` in it, the key holds a digest instead: 128 bits of an HMAC-SHA256 keyed by
+    the deployment's secret, ``"hdr:<name>:hmac:<hex>"``, so who reads the key names cannot
+    test guesses of a short credential; that secret is the default backend's
+    (``configure(secret=...)`` or ``AIORATELIMIT_SECRET``), or ``secret`` here (at least 16
+    bytes, the same in every process; a list while rotating, the newest first). Without
+    any secret, 128 bits of SHA-256, ``"hdr:<name>:sha256:<hex>"``: a long random
+    credential cannot be recovered from it, a short one can by hashing guesses.
+    ``digest=True`` digests any header; ``digest=False`` keeps a non-secret value readable
+    (refused for the three above).
 
     Without the header, ``fallback(scope)`` if given (e.g. ``client_ip()``), else one bucket
     shared by every request that lacks it (``"hdr:<name>:-"``).
@@ -316,16 +309,16 @@ def identity(user: object) -> str | None:
     )
 
 
-#: The key of ``credential_digest`` until a deployment secret keys it: drawn once per process.
-_DIGEST_KEY = secrets.token_bytes(32)
 #: Never part of the credentials: it names the request, not who sends it.
 _NOT_CREDENTIALS = frozenset({b"idempotency-key"})
 
 
 def credential_digest(material: bytes) -> str:
-    """The one keyed digest of what a request's credentials are: 128 bits of HMAC-SHA256, in
-    hex. Keyed, so who reads the key names cannot test guesses of a credential."""
-    return hmac.new(_DIGEST_KEY, material, hashlib.sha256).hexdigest()[:_DIGEST_HEX]
+    """The one digest of what a request's credentials are: 128 bits, in hex, keyed by the
+    deployment's secret (``configure(secret=)``, ``AIORATELIMIT_SECRET``) so who reads the
+    key names cannot test guesses of a credential; every process of the deployment computes
+    the same one, so a retry that lands on another worker finds its record."""
+    return get_backend()._keyring.digest("credentials", material)[:_DIGEST_HEX]
 
 
 def credentials(*, ip: ClientFunc | None = None) -> ClientFunc:

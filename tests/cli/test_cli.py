@@ -191,6 +191,27 @@ def test_password_is_not_printed(capsys: pytest.CaptureFixture[str]) -> None:
     assert "***@127.0.0.1" in err
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["demo", "--url", "redis://:hunter2/qzx9@127.0.0.1:6379/0"],
+        ["inspect", "lock", "x", "--url", "redis+cluster://:hunter2?qzx9@127.0.0.1:7000"],
+        ["doctor", "--url", "rediss://arl:hunter2#qzx9@127.0.0.1:6380/0"],
+    ],
+)
+def test_a_malformed_url_is_echoed_without_any_part_of_its_password(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A password with an unencoded '/', '?' or '#': one error line, status 2, naming the
+    fix, and neither the URL as echoed nor the reason quotes a piece of the password."""
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert (out, err.count("\n")) == ("", 1)
+    assert [piece for piece in ("hunter2", "qzx9") if piece in err] == [], err
+    assert "***@127.0.0.1" in err
+    assert "percent-encoded" in err
+
+
 def version() -> subprocess.CompletedProcess[str]:
     return run(sys.executable, "-m", "aioratelimit", "--version")
 
@@ -251,7 +272,7 @@ def test_demo_into_a_closed_pipe_stops_quietly(request: pytest.FixtureRequest) -
         pytest.param(
             command, marks=pytest.mark.early(job=functools.partial(read_one_line, *command))
         )
-        for command in [["doctor"], ["bench", "--seconds", "0.1"]]
+        for command in [["doctor", "--url", "memory://"], ["bench", "--seconds", "0.1"]]
     ],
 )
 def test_every_command_survives_a_closed_pipe(
@@ -397,6 +418,34 @@ def test_inspect_idempotency_never_prints_the_result_unless_asked(redis_url: str
     assert re.search(r"lease: (\d+\.\d+) s left", running.stdout), running.stdout
     unknown = cli("inspect", "idempotency", f"{key}-none", "--url", redis_url)
     assert "unknown: no record" in unknown.stdout
+
+
+def test_show_result_escapes_what_a_terminal_would_obey(redis_url: str, key: str) -> None:
+    """A stored result with terminal escapes (a colour, a title change, a bell), a
+    bidirectional override, newlines and a C1 control is printed on one line with each of
+    them escaped, never raw; bytes that are not UTF-8 as a bytes literal."""
+    stored = b'{"n": "\x1b[2J\x1b]0;pwned\x07\xe2\x80\xae\xc2\x9b\\ok\r\nnext", "e": "\xc3\xa9"}'
+
+    async def states(backend: arl.Backend) -> None:
+        store = IdempotencyStore(backend, ttl=600, lease=30)
+        for suffix, result in (("text", stored), ("binary", b"\x80\x1b[2J")):
+            claim = await store.claim(f"{key}-{suffix}")
+            assert isinstance(claim, Claimed)
+            await store.complete(claim, result)
+
+    on(redis_url, states)
+    text = cli("inspect", "idempotency", f"{key}-text", "--show-result", "--url", redis_url)
+    binary = cli("inspect", "idempotency", f"{key}-binary", "--show-result", "--url", redis_url)
+    for proc in (text, binary):
+        assert proc.returncode == 0, proc.stderr
+        controls = [c for c in proc.stdout if not c.isprintable() and c != "\n"]
+        assert controls == [], proc.stdout
+        assert "\u202e" not in proc.stdout
+    (line,) = [line for line in text.stdout.splitlines() if "result:" in line]
+    assert line == (
+        '  result: {"n": "\\x1b[2J\\x1b]0;pwned\\x07\\u202e\\x9b\\\\ok\\r\\nnext", "e": "é"}'
+    )
+    assert "  result: b'\\x80\\x1b[2J'" in binary.stdout
 
 
 # -- reset -----------------------------------------------------------------------------------
@@ -550,11 +599,22 @@ def test_doctor_reports_a_ready_deployment(request: pytest.FixtureRequest, deplo
 
 
 def test_doctor_on_memory_is_ready() -> None:
-    """memory:// (no URL, no REDIS_URL) works: ready, and says its limits are per process."""
-    proc = cli("doctor")
+    """``--url memory://`` asked for: ready, and it says its limits are per process."""
+    proc = cli("doctor", "--url", "memory://")
     assert proc.returncode == 0, proc.stdout
     assert "memory: the embedded store" in proc.stdout
     assert "per process" in proc.stdout
+
+
+def test_doctor_without_a_url_is_not_ready() -> None:
+    """Neither ``--url`` nor ``REDIS_URL``: a readiness probe missing its setting must not
+    pass on a throw-away in-process store: one FAIL line saying so, "not ready", status 1."""
+    proc = cli("doctor")
+    assert proc.returncode == 1, proc.stdout
+    topics = re.findall(r"^  (ok|warn|FAIL)\s+(\w+)", proc.stdout, re.MULTILINE)
+    assert topics == [("FAIL", "url")], proc.stdout
+    assert "neither --url nor REDIS_URL is set" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == "not ready: 1 problem"
 
 
 def test_doctor_not_ready_when_unreachable_and_hides_the_password() -> None:
@@ -649,13 +709,13 @@ def test_bench_draws_a_progress_bar_on_a_terminal(request: pytest.FixtureRequest
 @pytest.mark.parametrize(
     "args",
     [
-        ["inspect", "limit", "k", "--fixed", "100/fortnight"],
+        ["inspect", "limit", "k", "--fixed", "100/fortnight", "--url", "memory://"],
         ["inspect", "limit", "k"],
         ["inspect", "limit", "k", "--fixed", "5/s", "--token", "5/s"],
-        ["inspect", "limit", "", "--fixed", "5/s"],
+        ["inspect", "limit", "", "--fixed", "5/s", "--url", "memory://"],
         ["inspect", "gauge", "k"],
-        ["inspect", "limit", "k", "--token", "0/second"],
-        ["reset", "limit", "k", "--sliding", "5/minute", "--buckets", "0"],
+        ["inspect", "limit", "k", "--token", "0/second", "--url", "memory://"],
+        ["reset", "limit", "k", "--sliding", "5/minute", "--buckets", "0", "--url", "memory://"],
         ["bench", "--url", "redis+cluster://127.0.0.1:1,127.0.0.1:2"],
         ["bench", "--url", "redis+sentinel://127.0.0.1:1/mymaster"],
         ["bench", "--seconds", "0"],
@@ -696,11 +756,32 @@ def test_a_bad_spec_resets_nothing(redis_url: str, key: str) -> None:
     ],
 )
 def test_inspect_and_reset_run_on_memory(args: list[str], says: str) -> None:
-    """Without a URL they run on memory:// (a store of their own process, so empty)."""
-    proc = cli(*args)
+    """With ``--url memory://`` they run there (a store of their own process, so empty)."""
+    proc = cli(*args, "--url", "memory://")
     assert proc.returncode == 0, proc.stderr
     assert "memory:// (the embedded store: per process)" in proc.stdout
     assert says in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["inspect", "limit", "k", "--fixed", "5/minute"],
+        ["inspect", "lock", "jobs"],
+        ["inspect", "semaphore", "api"],
+        ["inspect", "idempotency", "order-1"],
+        ["reset", "limit", "k", "--sliding", "5/minute"],
+        ["reset", "lock", "jobs", "--force", "--yes"],
+    ],
+)
+def test_inspect_and_reset_refuse_to_run_without_a_url(args: list[str]) -> None:
+    """Neither ``--url`` nor ``REDIS_URL``: no "free", "unknown" or "forgotten" about a
+    store that starts empty and ends with the command; one line saying so, status 2."""
+    proc = cli(*args)
+    line = one_error_line(proc)
+    assert proc.stdout == ""
+    assert "neither --url nor REDIS_URL is set" in line
+    assert f"{args[0]} {args[1]} needs the deployment's URL" in line
 
 
 def test_a_malformed_redis_url_is_named_as_such() -> None:

@@ -3,6 +3,8 @@ that moves only when told; and the pytest plugin, run as a user's suite would ru
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import math
 import os
@@ -10,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -23,9 +26,9 @@ from aioratelimit.testing import ManualClock, default_backend, memory_backend, r
 @pytest.fixture(autouse=True)
 def no_default_leak() -> object:
     """Each test here starts and ends with the process's default as it found it."""
-    before = _backend._default
+    before = _backend._default, _backend._test_installed
     yield
-    _backend.swap_default(before)
+    _backend.restore_default(before)
 
 
 async def test_a_manual_clock_moves_the_store_only_when_advanced() -> None:
@@ -68,7 +71,7 @@ async def test_each_memory_backend_has_its_own_store() -> None:
 
 async def test_default_backend_installs_and_restores_the_previous_default() -> None:
     """Inside: the default is the given backend; after: the previous one, even when the
-    block configured another of its own or raised."""
+    block raised."""
     outer = memory_backend()
     _backend.swap_default(outer)
     inner = memory_backend()
@@ -76,19 +79,83 @@ async def test_default_backend_installs_and_restores_the_previous_default() -> N
     try:
         with default_backend(inner) as got:
             seen += [got, arl.get_backend()]
-            arl.configure("memory://")  # the app under test configures its own
-            seen.append(arl.get_backend())
             raise RuntimeError("the test failed")
     except RuntimeError:
         pass
-    assert seen[:2] == [inner, inner]
-    assert seen[2] is not inner
+    assert seen == [inner, inner]
     assert arl.get_backend() is outer
     with default_backend() as fresh:
         assert fresh is not outer
         assert fresh.url == "memory://"
         assert (await arl.FixedWindow("1/minute").hit("k")).allowed  # on the fresh store
     assert arl.get_backend() is outer
+
+
+async def test_the_test_backend_wins_over_the_apps_configure() -> None:
+    """While a test backend is installed, the app's ``configure()`` (a URL, REDIS_URL or a
+    client) returns it and builds nothing, and the app's ``aclose()`` of it closes nothing
+    (a memory store would forget its keys); bad arguments are still refused. After the
+    block, ``configure()`` replaces the default again."""
+    clock = ManualClock()
+    test_backend = memory_backend(clock=clock)
+    limiter = arl.FixedWindow("1/minute", name="app")
+    with default_backend(test_backend):
+        for app_config in ({"url": "redis://127.0.0.1:1/0"}, {}, {"prefix": "app"}):
+            got = arl.configure(**app_config)
+            assert got is test_backend
+            assert arl.get_backend() is test_backend
+        async with arl.configure("redis://127.0.0.1:1/0") as app_backend:
+            assert (await limiter.hit("k")).allowed  # on the test's store: no server
+        await app_backend.aclose()  # the app's shutdown, once more
+        assert (await limiter.peek("k")).allowed is False  # the hit is still counted
+        clock.advance(60)
+        assert (await limiter.hit("k")).allowed  # the test's clock still rules
+        with pytest.raises(ValueError, match="unsupported URL"):
+            arl.configure("http://localhost")
+        with pytest.raises(ValueError, match="not both"):
+            arl.configure("memory://", client=object())
+    assert arl.configure("memory://") is not test_backend
+    assert arl.get_backend() is not test_backend
+
+
+async def test_an_app_with_a_lifespan_runs_on_the_test_backend_not_on_redis_url(
+    redis_url: str, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The documented pattern, ``configure()`` in a FastAPI lifespan, driven by
+    ``TestClient`` with REDIS_URL naming a real server: the requests count on the test's
+    store (200, 200, 429, and 200 once the test's clock moves a minute), and nothing is
+    written to the server."""
+    from fastapi import Depends, FastAPI
+    from fastapi.testclient import TestClient
+
+    from aioratelimit.fastapi import RateLimit
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        backend = arl.configure()  # REDIS_URL, as in production
+        yield
+        await backend.aclose()
+
+    app = FastAPI(lifespan=lifespan)
+    limit = RateLimit(arl.FixedWindow("2/minute", name=key), client=lambda scope: key)
+
+    @app.get("/search", dependencies=[Depends(limit)])
+    async def search() -> dict[str, bool]:
+        return {"ok": True}
+
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    clock = ManualClock()
+
+    def requests() -> list[int]:
+        with default_backend(memory_backend(clock=clock)), TestClient(app) as client:
+            codes = [client.get("/search").status_code for _ in range(3)]
+            clock.advance(60)
+            return [*codes, client.get("/search").status_code]
+
+    assert await asyncio.to_thread(requests) == [200, 200, 429, 200]
+    async with arl.Backend.from_url(redis_url) as server:
+        untouched = await arl.FixedWindow("2/minute", name=key, backend=server).peek(key)
+    assert untouched.remaining == 1  # 2 - the peeked hit: the server counted nothing
 
 
 def test_reset_default_builds_it_anew_from_redis_url(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -174,6 +241,32 @@ def test_sync(arl_backend: arl.Backend) -> None:
     assert asyncio.run(attempt("cy"))
 
 
+def test_an_app_that_configures_itself(arl_backend: arl.Backend, arl_clock: ManualClock) -> None:
+    from contextlib import asynccontextmanager
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
+        backend = arl.configure("redis://127.0.0.1:1/0")  # a server that is not there
+        yield
+        await backend.aclose()
+
+    app = FastAPI(lifespan=lifespan)
+
+    @app.post("/login")
+    async def login() -> dict[str, bool]:
+        return {"allowed": await attempt("eve")}
+
+    with TestClient(app) as client:
+        answers = [client.post("/login").json()["allowed"] for _ in range(4)]
+        arl_clock.advance(60)
+        answers.append(client.post("/login").json()["allowed"])
+    assert answers == [True, True, True, False, True]
+    assert arl.get_backend() is arl_backend
+
+
 def test_restored_after() -> None:
     from aioratelimit import _backend
 
@@ -215,7 +308,8 @@ def users_suite(mode: str) -> subprocess.CompletedProcess[str]:
 def test_the_pytest_plugin_in_a_users_suite(mode: str, request: pytest.FixtureRequest) -> None:
     """The fixtures as a user's own pytest run sees them, under pytest-asyncio in either
     mode, anyio's plugin and a sync test: a fresh default per test (no count carries
-    over), the clock moving only when advanced, the default put back."""
+    over), the clock moving only when advanced, an app's own ``configure()`` at start-up
+    (a FastAPI lifespan under TestClient) giving way to them, the default put back."""
     proc = jobs.result(request)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "6 passed" in proc.stdout, proc.stdout
+    assert "7 passed" in proc.stdout, proc.stdout

@@ -202,3 +202,113 @@ def test_every_recipe_page_has_examples_that_run() -> None:
     """Each recipe page holds programs the tests run, not only fragments."""
     pages = {example.page.name for example in EXAMPLES}
     assert {"testing.md", "tiers.md", "outbound.md", "running.md"} <= pages
+
+
+# -- links between the pages ------------------------------------------------------------------
+
+#: The pages whose links are checked: every page of docs/, the README and the changelog.
+LINKED_PAGES = [*PAGES, ROOT / "CHANGELOG.md"]
+FENCE = re.compile(r"^\s*(```|~~~)")
+INLINE_CODE = re.compile(r"(`+).*?\1")
+LINK = re.compile(r"!?\[(?:[^\]\\]|\\.)*\]\(\s*<?(?P<target>[^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)")
+REFERENCE = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(?P<target>\S+?)>?(?:\s+.*)?$")
+HEADING = re.compile(r"^\s{0,3}(?P<hashes>#{1,6})\s+(?P<text>.*?)\s*#*\s*$")
+HTML_ANCHOR = re.compile(r"<a\s+(?:name|id)=\"(?P<name>[^\"]+)\"")
+
+
+def prose(page: Path) -> list[tuple[int, str]]:
+    """The page's lines outside fenced code blocks, numbered."""
+    lines, fenced = [], False
+    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            lines.append((number, line))
+    return lines
+
+
+def slug(heading: str) -> str:
+    """The anchor a heading gets, as GitHub's renderer makes it: lower case, markup and
+    punctuation dropped (letters, digits, ``_`` and ``-`` kept), each space a ``-``."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link: its text
+    text = re.sub(r"<[^>]+>", "", text).replace("`", "").lower()
+    text = "".join(c for c in text if c.isalnum() or c in " _-")
+    return text.replace(" ", "-")
+
+
+@functools.cache
+def anchors(page: Path) -> frozenset[str]:
+    """Every anchor of ``page``: its headings' (repeats numbered ``-1``, ``-2``...) and
+    explicit ``<a name=...>`` ones."""
+    found: set[str] = set()
+    seen: dict[str, int] = {}
+    for _, line in prose(page):
+        if heading := HEADING.match(line):
+            base = slug(heading["text"])
+            count = seen.get(base, 0)
+            seen[base] = count + 1
+            found.add(base if count == 0 else f"{base}-{count}")
+        found.update(m["name"] for m in HTML_ANCHOR.finditer(line))
+    return frozenset(found)
+
+
+def links(page: Path) -> list[tuple[int, str]]:
+    """(line, target) of every link of ``page`` that stays inside the repository."""
+    found = []
+    for number, line in prose(page):
+        line = INLINE_CODE.sub("", line)
+        targets = [m["target"] for m in LINK.finditer(line)]
+        if reference := REFERENCE.match(line):
+            targets.append(reference["target"])
+        found += [(number, t) for t in targets if t and not re.match(r"[a-z][a-z+.-]*:", t)]
+    return found
+
+
+def broken(page: Path) -> list[str]:
+    """The links of ``page`` to a file that does not exist, or to an anchor its page lacks."""
+    bad = []
+    for number, target in links(page):
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        where = f"{page.name}:{number}: {target}"
+        if not linked.exists():
+            bad.append(f"{where} (no such file)")
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+            bad.append(f"{where} (no such anchor in {linked.name})")
+    return bad
+
+
+def test_the_link_checker_finds_links_anchors_and_breakage(tmp_path: Path) -> None:
+    """The checker sees inline and reference links outside code, GitHub's heading anchors
+    (repeats numbered), and reports a missing file or anchor (a checker that found nothing
+    would pass every page)."""
+    (tmp_path / "other.md").write_text(
+        "# Other page\n## Keys: `hit()` and *peek*\n## Twice\n## Twice\n", encoding="utf-8"
+    )
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Page\n"
+        "[ok](other.md#keys-hit-and-peek) [ok](other.md#twice-1) [ok](#page)"
+        " [web](https://example.com/#nowhere)\n"
+        "[gone](missing.md) [bad](other.md#keys) `[code](missing.md)`\n"
+        "```text\n[in a fence](missing.md)\n```\n"
+        "[ref]: other.md#nope\n",
+        encoding="utf-8",
+    )
+    assert anchors(tmp_path / "other.md") == {"other-page", "keys-hit-and-peek", "twice", "twice-1"}
+    assert [t for _, t in links(page)] == [
+        "other.md#keys-hit-and-peek", "other.md#twice-1", "#page", "missing.md",
+        "other.md#keys", "other.md#nope",
+    ]  # fmt: skip
+    assert [line.split(": ", 1)[1] for line in broken(page)] == [
+        "missing.md (no such file)",
+        "other.md#keys (no such anchor in other.md)",
+        "other.md#nope (no such anchor in other.md)",
+    ]
+
+
+def test_every_link_between_the_pages_resolves() -> None:
+    """Every relative link of docs/, the README and the changelog names a file that exists
+    and, with ``#anchor``, a heading of that page."""
+    assert sum(len(links(page)) for page in LINKED_PAGES) > 50  # the checker sees them
+    assert [bad for page in LINKED_PAGES for bad in broken(page)] == []
