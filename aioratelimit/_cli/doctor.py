@@ -32,6 +32,10 @@ LATENCY_CALLS = 20
 CLUSTER_PROBES = 32
 
 
+#: What the server answers to credentials it refuses, or to none where it needs some.
+_REFUSED_CREDENTIALS = ("WRONGPASS", "NOAUTH", "without any password configured")
+
+
 @dataclass
 class Report:
     """The lines printed so far and whether any failed."""
@@ -91,7 +95,9 @@ async def _doctor(args: argparse.Namespace, backend: Backend, servers: list[str]
         except BackendUnavailable as exc:
             report.line(FAIL, "server", f"unreachable: {exc}")
         except BackendError as exc:
-            if "MOVED" in str(exc) or "CLUSTERDOWN" in str(exc):
+            if any(code in str(exc) for code in _REFUSED_CREDENTIALS):
+                report.line(FAIL, "auth", str(exc))
+            elif "MOVED" in str(exc) or "CLUSTERDOWN" in str(exc):
                 report.line(
                     FAIL,
                     "mode",

@@ -44,6 +44,7 @@ from redis import exceptions as redis_errors
 from redis.crc import key_slot
 
 from .._aio import Gate, Keeper
+from .._errors import AioRateLimitError
 from .._scripts import Arg, OnCall, Reply, Script
 from .._urls import Address, parse_hosts
 from .base import DEFAULT_CONNECT_TIMEOUT, observed, translate
@@ -204,6 +205,8 @@ class ClusterStore:
             if type(reply) is ReplyError:
                 return await self._answered(link, script, keys, args, reply)
             return reply
+        except AioRateLimitError:
+            raise  # translated already (a refusal found by ``ready``)
         except Exception as exc:
             # Also RedisClusterException and redis-py internals: none may escape untranslated.
             raise translate(exc, script) from exc
@@ -334,7 +337,8 @@ class ClusterStore:
                     await self._cluster.initialize()
                 except Exception as exc:
                     # A refusal under the "no node answered" (an ACL user that may not
-                    # run CLUSTER SLOTS) is a configuration error: say so, not "down".
+                    # run CLUSTER SLOTS, a wrong password) is a configuration error: say
+                    # so, not "down".
                     refusal = _refusal(exc)
                     if refusal is not None:
                         raise translate(refusal) from exc
@@ -397,12 +401,13 @@ class ClusterStore:
             await self._disconnect()
 
 
-def _refusal(exc: BaseException) -> redis_errors.ResponseError | None:
-    """The server's refusal (an error reply) behind ``exc``, if one is in its chain."""
+def _refusal(exc: BaseException) -> redis_errors.RedisError | None:
+    """The server's refusal (an error reply, or a refused AUTH: redis-py raises that as a
+    connection error) behind ``exc``, if one is in its chain."""
     seen: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
-        if isinstance(cause, redis_errors.ResponseError):
+        if isinstance(cause, (redis_errors.ResponseError, redis_errors.AuthenticationError)):
             return cause
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__

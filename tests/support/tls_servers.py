@@ -26,7 +26,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,7 +140,8 @@ def free_port() -> int:
 class ServerProcess:
     """One ``redis-server`` on a free port of 127.0.0.1 and 127.0.0.2, without persistence:
     TLS only (``pki`` given; ``auth_clients`` and ``protocols`` are ``--tls-auth-clients``
-    and ``--tls-protocols``) or plain TCP."""
+    and ``--tls-protocols``) or plain TCP; ``requirepass`` gives the ``default`` user a
+    password (every client must AUTH), ``extra`` adds arguments (a cluster node's)."""
 
     def __init__(
         self,
@@ -148,11 +149,16 @@ class ServerProcess:
         pki: Pki | None = None,
         auth_clients: str = "no",
         protocols: str = "TLSv1.2 TLSv1.3",
+        *,
+        requirepass: str | None = None,
+        extra: Sequence[str] = (),
     ) -> None:
         self.dir = folder
         self.pki = pki
         self.auth_clients = auth_clients
         self.protocols = protocols
+        self.requirepass = requirepass
+        self.extra = tuple(extra)
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -173,6 +179,9 @@ class ServerProcess:
             "--dir", str(self.dir),
             "--logfile", str(self.dir / "redis.log"),
         ]  # fmt: skip
+        if self.requirepass is not None:
+            args += ["--requirepass", self.requirepass]
+        args += self.extra
         if self.pki is None:
             return [*args, "--port", str(self.port)]
         return [
@@ -199,6 +208,8 @@ class ServerProcess:
 
     def admin(self, **options: Any) -> redis.Redis:
         """A synchronous client as the ``default`` user (with the client certificate)."""
+        if self.requirepass is not None:
+            options = {"password": self.requirepass, **options}
         if self.pki is not None:
             options = {
                 "ssl": True,
