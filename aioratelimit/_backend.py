@@ -27,7 +27,7 @@ from ._stores.base import (
     Store,
 )
 from ._stores.notify import Notifier
-from ._urls import check_scheme, redact
+from ._urls import CLUSTER_SCHEMES, SENTINEL_SCHEMES, check_scheme, redact
 
 log = logging.getLogger("aioratelimit")
 
@@ -120,9 +120,9 @@ class Backend:
         if url.startswith("memory://"):
             return memory_backend(prefix=prefix, timeout=timeout, on_call=on_call)
         build: Callable[..., Store]
-        if url.startswith("redis+cluster://"):
+        if url.startswith(CLUSTER_SCHEMES):
             from ._stores.cluster import cluster_store as build
-        elif url.startswith("redis+sentinel://"):
+        elif url.startswith(SENTINEL_SCHEMES):
             from ._stores.sentinel import sentinel_store as build
         else:
             from ._stores.standalone import standalone_store as build

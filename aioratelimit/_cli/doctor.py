@@ -19,7 +19,7 @@ from .._errors import AioRateLimitError, BackendError, BackendUnavailable
 from .._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
 from .._locks.lock import Lock, Semaphore
 from .._scripts import MIN_CLUSTER_VERSION, MIN_REDIS_VERSION, ScriptCall
-from .._urls import redact
+from .._urls import CLUSTER_SCHEMES, SENTINEL_SCHEMES, redact
 from .._version import __version__
 from . import admin as _admin
 from .output import CliError, open_backend, out
@@ -51,9 +51,9 @@ class Report:
 def _mode_of(url: str) -> str:
     if url.startswith("memory://"):
         return "memory"
-    if url.startswith("redis+cluster://"):
+    if url.startswith(CLUSTER_SCHEMES):
         return "cluster"
-    if url.startswith("redis+sentinel://"):
+    if url.startswith(SENTINEL_SCHEMES):
         return "sentinel"
     return "standalone"
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import Sequence
@@ -46,10 +47,10 @@ from redis.crc import key_slot
 from .._aio import Gate, Keeper
 from .._errors import AioRateLimitError
 from .._scripts import Arg, OnCall, Reply, Script
-from .._urls import Address, parse_hosts
+from .._urls import Address, parse_hosts, tls_query
 from .base import DEFAULT_CONNECT_TIMEOUT, observed, translate
 from .cluster_pubsub import ShardedPubSub
-from .endpoint import Endpoint, endpoint
+from .endpoint import Endpoint, endpoint, tls_options
 from .notify import Notifier
 from .wire import Link, ReplyError, pack, pack_command
 
@@ -72,14 +73,32 @@ def cluster_store(
     on_call: OnCall | None = None,
     **options: Any,
 ) -> ClusterStore:
-    """The store for a ``redis+cluster://host:port[,host:port...]`` URL (it owns its client)."""
+    """The store for a ``redis+cluster://host:port[,host:port...]`` URL (it owns its client).
+
+    TLS (``rediss+cluster://``, or any TLS option: in the query or as a keyword) is every
+    connection's: the topology's (discovery, rerouting), each node's, the subscriber's.
+    """
     from redis.asyncio.cluster import ClusterNode, RedisCluster
 
     parts = urlsplit(url)
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise ValueError("a redis+cluster:// URL is only hosts: redis+cluster://host:port,...")
+    if parts.path not in ("", "/") or parts.fragment:
+        raise ValueError(
+            "a redis+cluster:// URL is hosts and TLS options only:"
+            " redis+cluster://host:port,host:port or rediss+cluster://host:port,...?ssl_ca_certs=..."
+        )
+    options = {**tls_query(parts.query), **options}
     hosts, username, password = parse_hosts(parts.netloc, 6379)
-    nodes = endpoint(None, {"username": username, "password": password, **options})
+    tls = parts.scheme == "rediss+cluster" or bool(tls_options(options))
+    nodes = endpoint(None, {"username": username, "password": password, **options}, tls=tls)
+    if tls:
+        # redis-py's RedisCluster takes TLS options only with ssl=True (it ignores them
+        # otherwise, and its topology connection would send AUTH in clear text), and not
+        # every one of them: refuse what it would not honour.
+        taken = inspect.signature(RedisCluster.__init__).parameters
+        dropped = sorted(name for name in tls_options(options) if name not in taken)
+        if dropped:
+            raise TypeError(f"TLS option(s) {dropped} are not supported on a Redis Cluster")
+        options["ssl"] = True
     # On MOVED, patch the one slot: a full rediscovery would close connections that other
     # calls are using (and redis-py would retry their scripts: a hit counted twice).
     options.setdefault("reinitialize_steps", 0)
