@@ -27,7 +27,8 @@ channel someone waits on.
 
 Event loops: as on a standalone server, the store serves one running loop at a time, and
 the node connections opened on a loop are closed when that loop shuts down; the next loop
-discovers the cluster afresh.
+discovers the cluster afresh (a call from another loop while the one served so far still
+runs is refused: ``loops``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -51,6 +53,7 @@ from .._urls import Address, parse_hosts, tls_query
 from .base import DEFAULT_CONNECT_TIMEOUT, observed, translate
 from .cluster_pubsub import ShardedPubSub
 from .endpoint import Endpoint, endpoint, tls_options
+from .loops import check_free
 from .notify import Notifier
 from .wire import Link, ReplyError, pack, pack_command
 
@@ -126,6 +129,7 @@ class ClusterStore:
     """Runs scripts by EVALSHA on a ``redis.asyncio.RedisCluster``, bounded and translated."""
 
     __slots__ = (
+        "_adopting",
         "_cluster",
         "_connect_timeout",
         "_gate",
@@ -171,6 +175,7 @@ class ClusterStore:
         self._notifier: Notifier | None = None
         # The loop the node connections, the gate and the lock serve (see _adopt).
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._adopting = threading.Lock()
         self._keeper: Keeper | None = None
         self._ready = False
         self._ready_lock: asyncio.Lock | None = None
@@ -317,17 +322,22 @@ class ClusterStore:
 
     def _adopt(self) -> None:
         """Serve the running loop from now on: a fresh gate, lock and discovery, and a
-        keeper that closes the node connections when this loop shuts down."""
-        old, self._loop = self._keeper, _running_loop()
-        if old is not None:
-            old.close_soon()  # its loop ended (closed already), or runs elsewhere
-        self._gate = Gate(self._gate.size)
-        self._links = {}
-        self._ready = False
-        self._ready_lock = None
-        self._refresh = None
-        # A client the application passed in is the application's to close.
-        self._keeper = Keeper(self._disconnect) if self._owned else None
+        keeper that closes the node connections when this loop shuts down; unless the
+        loop served so far still runs (``loops.check_free``)."""
+        with self._adopting:  # two threads' loops may come at once
+            if self._loop is _running_loop():
+                return
+            check_free(self._loop)
+            old, self._loop = self._keeper, _running_loop()
+            if old is not None:
+                old.close_soon()  # its loop has stopped (closed already, mostly)
+            self._gate = Gate(self._gate.size)
+            self._links = {}
+            self._ready = False
+            self._ready_lock = None
+            self._refresh = None
+            # A client the application passed in is the application's to close.
+            self._keeper = Keeper(self._disconnect) if self._owned else None
 
     async def _disconnect(self) -> None:
         """Close every node connection (they belong to the loop that is ending)."""

@@ -29,11 +29,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any
 
 from .._errors import BackendError
+from .loops import check_free
 
 log = logging.getLogger("aioratelimit")
 
@@ -125,6 +127,7 @@ class Notifier:
     """
 
     __slots__ = (
+        "_adopting",
         "_bound",
         "_busy",
         "_closed",
@@ -160,6 +163,7 @@ class Notifier:
         self._tasks: set[asyncio.Task[None]] = set()
         # The event loop the reader, the subscriber connection and the futures belong to.
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._adopting = threading.Lock()
         #: counts the subscriber connections lost (or given up): a listener that must not
         #: miss a message (the deny cache) trusts only what it learned in the same epoch
         self.epoch = 0
@@ -232,7 +236,10 @@ class Notifier:
     async def _add(self, sub: Subscription) -> None:
         loop = asyncio.get_running_loop()
         if self._factory is not None and loop is not self._loop:
-            self._adopt(loop)
+            with self._adopting:  # two threads' loops may come at once
+                if loop is not self._loop:
+                    check_free(self._loop)  # refused while the loop served so far runs
+                    self._adopt(loop)
         subs = self._subs.setdefault(sub.channel, [])
         subs.append(sub)
         if self._factory is None or self._closed:
