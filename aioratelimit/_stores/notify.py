@@ -50,6 +50,13 @@ DEFAULT_BOUND = 7.0
 PubSubFactory = Callable[[], Any]  # returns a redis.asyncio PubSub (or a compatible object)
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def _expire(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
@@ -78,7 +85,11 @@ class Subscription:
         self.woken = True
         waiter = self._waiter
         if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+            loop = waiter.get_loop()
+            if loop is _running_loop():
+                waiter.set_result(None)
+            else:  # memory:// serves several threads' loops: wake it on its own
+                loop.call_soon_threadsafe(_expire, waiter)
 
     async def wait(self, timeout: float | None) -> bool:
         """Wait for a message (one already delivered counts); False after ``timeout`` s."""
@@ -87,6 +98,8 @@ class Subscription:
                 return False
             loop = asyncio.get_running_loop()
             waiter = self._waiter = loop.create_future()
+            if self.woken:  # delivered from another thread meanwhile (memory://)
+                waiter.set_result(None)
             timer = None if timeout is None else loop.call_later(timeout, _expire, waiter)
             try:
                 await waiter

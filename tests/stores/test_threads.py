@@ -147,3 +147,43 @@ def test_a_hundred_threads_sharing_the_default_backend_see_no_cancellation(
     assert set(counts) <= {"Decision", "BackendError"}, counts
     assert all("another event loop" in o for o in outcomes if o.startswith("BackendError"))
     assert counts["Decision"] >= 1
+
+
+def test_memory_serves_every_thread(key: str) -> None:
+    """memory:// serves threads at once: a hundred threads' hits are counted exactly (each
+    script atomic), and a lock released on one thread's loop wakes a waiter sleeping on
+    another's at once, even under asyncio's debug mode (no call of another thread's loop)."""
+    backend = arl.Backend.from_url("memory://")
+    limiter = arl.FixedWindow("60/minute", backend=backend)
+    with ThreadPoolExecutor(max_workers=100) as pool:
+        outcomes = list(pool.map(lambda _: asyncio.run(limiter.hit(key)).allowed, range(100)))
+    assert (outcomes.count(True), outcomes.count(False)) == (60, 40)
+
+    lk = arl.Lock(key, ttl=30, backend=backend)
+    holder, waiter_thread = LoopThread(), LoopThread()
+    for each in (holder, waiter_thread):
+        each.loop.call_soon_threadsafe(each.loop.set_debug, True)
+    try:
+        lease = holder.run(lk.acquire())
+
+        async def wait() -> asyncio.Task[arl.Lease]:
+            task = asyncio.create_task(lk.acquire(timeout=10))
+            await asleep(backend, waiter=task)
+            return task
+
+        waiter = waiter_thread.run(wait())
+
+        async def woken() -> float:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            second = await waiter
+            took = loop.time() - started
+            await second.release()
+            return took
+
+        done = asyncio.run_coroutine_threadsafe(woken(), waiter_thread.loop)
+        holder.run(lease.release())
+        assert done.result(10) < WOKEN_WITHIN
+    finally:
+        holder.close()
+        waiter_thread.close()
