@@ -49,6 +49,9 @@ class Backend:
     A backend built by ``from_url`` serves one running event loop at a time: the
     connections it opened on a loop are closed when that loop shuts down (``asyncio.run``,
     ``asyncio.Runner``, ``uvloop.run``, pytest-asyncio), and a later loop gets fresh ones.
+    A call from another thread's loop while the one it serves still runs raises
+    ``BackendError`` (memory:// serves every thread; docs/deployment.md shows how a sync
+    framework calls the library).
     """
 
     # What the primitives use (``_run``, ``_run_repeatable``, ``_notifier``, ``_head``...) is
@@ -108,7 +111,9 @@ class Backend:
         for the backend (wake-ups, cluster topology and routing). ``on_call`` is called
         with a ``ScriptCall`` after every script call (instrumentation: it names the
         script and the server, never a key). Other keyword arguments are connection
-        settings as redis-py takes them (``ssl_ca_certs``, ``client_name``, ...).
+        settings as redis-py takes them (``ssl_ca_certs``, ``client_name``, ...), and on
+        a Sentinel URL the sentinels' own TLS settings (``sentinel_ssl``,
+        ``sentinel_ssl_ca_certs``, ...: docs/deployment.md).
         """
         check_scheme(url)
         check_int(max_connections, "max_connections")
