@@ -29,7 +29,7 @@ from ._stores.base import (
     Store,
 )
 from ._stores.notify import Notifier
-from ._urls import check_scheme, parse_error, redact
+from ._urls import CLUSTER_SCHEMES, SENTINEL_SCHEMES, check_scheme, parse_error, redact
 
 log = logging.getLogger("aioratelimit")
 
@@ -57,6 +57,9 @@ class Backend:
     A backend built by ``from_url`` serves one running event loop at a time: the
     connections it opened on a loop are closed when that loop shuts down (``asyncio.run``,
     ``asyncio.Runner``, ``uvloop.run``, pytest-asyncio), and a later loop gets fresh ones.
+    A call from another thread's loop while the one it serves still runs raises
+    ``BackendError`` (memory:// serves every thread; docs/deployment.md shows how a sync
+    framework calls the library).
     """
 
     # What the primitives use (``_run``, ``_run_repeatable``, ``_notifier``, ``_head``...) is
@@ -136,7 +139,8 @@ class Backend:
         with a ``ScriptCall`` after every script call (instrumentation: it names the
         script and the server, never a key). ``secret``: the deployment's secret (see the
         class). Other keyword arguments are connection settings as redis-py takes them
-        (``ssl_ca_certs``, ``client_name``, ...).
+        (``ssl_ca_certs``, ``client_name``, ...), and on a Sentinel URL the sentinels' own
+        TLS settings (``sentinel_ssl``, ``sentinel_ssl_ca_certs``, ...: docs/deployment.md).
         """
         check_scheme(url)
         keyring = resolve_secret(secret)
@@ -149,9 +153,9 @@ class Backend:
         if url.startswith("memory://"):
             return memory_backend(prefix=prefix, timeout=timeout, on_call=on_call, secret=secret)
         build: Callable[..., Store]
-        if url.startswith("redis+cluster://"):
+        if url.startswith(CLUSTER_SCHEMES):
             from ._stores.cluster import cluster_store as build
-        elif url.startswith("redis+sentinel://"):
+        elif url.startswith(SENTINEL_SCHEMES):
             from ._stores.sentinel import sentinel_store as build
         else:
             from ._stores.standalone import standalone_store as build

@@ -1,8 +1,10 @@
-"""Backend URLs: the schemes, host lists of Cluster and Sentinel URLs, and redaction.
+"""Backend URLs: the schemes, host lists and TLS options of Cluster and Sentinel URLs, and
+redaction.
 
 ``redis://``, ``rediss://`` and ``unix://`` go to redis-py's own parser unchanged; this
 module reads only what redis-py does not: ``redis+cluster://host:port,host:port`` and
-``redis+sentinel://host:port,host:port/service_name``.
+``redis+sentinel://host:port,host:port/service_name`` (``rediss+cluster://`` and
+``rediss+sentinel://`` over TLS), and the TLS options in their query.
 
 No message built here or by a parser ever quotes a password: ``check_scheme`` refuses, before
 any parser sees it, a URL whose user part runs past its authority (a ``/``, ``?`` or ``#``
@@ -14,13 +16,28 @@ happen. ``redact`` is what every repr, log line and error shows of a URL.
 from __future__ import annotations
 
 import re
-from urllib.parse import unquote
+from typing import Any
+from urllib.parse import parse_qsl, unquote
 
 Address = tuple[str, int]
 
 SCHEMES = (
-    "redis://", "rediss://", "unix://", "redis+cluster://", "redis+sentinel://", "memory://"
+    "redis://", "rediss://", "unix://",
+    "redis+cluster://", "rediss+cluster://", "redis+sentinel://", "rediss+sentinel://",
+    "memory://",
 )  # fmt: skip
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
+
+#: The TLS options a Cluster or Sentinel URL may carry in its query, as a ``rediss://``
+#: URL does (the keyword arguments of the same names win over them): text, or a yes/no.
+QUERY_TLS = ("ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs",
+             "ssl_ciphers", "ssl_check_hostname")  # fmt: skip
+#: A Sentinel URL's query may set the sentinels' own, prefixed ``sentinel_``, and
+#: ``sentinel_ssl`` (TLS to the sentinels on or off).
+SENTINEL_QUERY_TLS = ("sentinel_ssl", *(f"sentinel_{name}" for name in QUERY_TLS))
+_YES_NO = {"true": True, "yes": True, "on": True, "1": True,
+           "false": False, "no": False, "off": False, "0": False}  # fmt: skip
 
 
 def check_scheme(url: object) -> str:
@@ -97,6 +114,25 @@ def parse_hosts(netloc: str, default_port: int) -> tuple[list[Address], str | No
     if not hosts:
         raise ValueError("the URL names no host")
     return hosts, username, password
+
+
+def tls_query(query: str, *, sentinel: bool = False) -> dict[str, Any]:
+    """The TLS options in the query of a Cluster URL (``sentinel``: of a Sentinel URL),
+    ``ValueError`` for anything else."""
+    allowed = QUERY_TLS + (SENTINEL_QUERY_TLS if sentinel else ())
+    options: dict[str, Any] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
+        if name not in allowed:
+            raise ValueError(
+                f"the query of this URL takes TLS options only ({', '.join(allowed)}), not {name!r}"
+            )
+        if name.endswith(("check_hostname", "sentinel_ssl")):
+            if value.lower() not in _YES_NO:
+                raise ValueError(f"{name} must be true or false, not {value!r}")
+            options[name] = _YES_NO[value.lower()]
+        else:
+            options[name] = value
+    return options
 
 
 def _port(raw: str, part: str) -> int:

@@ -20,7 +20,7 @@ from .._errors import AioRateLimitError, BackendError, BackendUnavailable
 from .._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
 from .._locks.lock import Lock, Semaphore
 from .._scripts import MIN_CLUSTER_VERSION, MIN_REDIS_VERSION, ScriptCall
-from .._urls import redact
+from .._urls import CLUSTER_SCHEMES, SENTINEL_SCHEMES, redact
 from .._version import __version__
 from . import admin as _admin
 from .output import NO_URL, CliError, open_backend, out
@@ -31,6 +31,10 @@ OK, WARN, FAIL = "ok", "warn", "FAIL"
 #: master of a 3-master cluster but for a chance of about 1 in 100 000).
 LATENCY_CALLS = 20
 CLUSTER_PROBES = 32
+
+
+#: What the server answers to credentials it refuses, or to none where it needs some.
+_REFUSED_CREDENTIALS = ("WRONGPASS", "NOAUTH", "without any password configured")
 
 
 @dataclass
@@ -48,9 +52,9 @@ class Report:
 def _mode_of(url: str) -> str:
     if url.startswith("memory://"):
         return "memory"
-    if url.startswith("redis+cluster://"):
+    if url.startswith(CLUSTER_SCHEMES):
         return "cluster"
-    if url.startswith("redis+sentinel://"):
+    if url.startswith(SENTINEL_SCHEMES):
         return "sentinel"
     return "standalone"
 
@@ -107,7 +111,9 @@ async def _doctor(args: argparse.Namespace, backend: Backend, servers: list[str]
         except BackendUnavailable as exc:
             report.line(FAIL, "server", f"unreachable: {exc}")
         except BackendError as exc:
-            if "MOVED" in str(exc) or "CLUSTERDOWN" in str(exc):
+            if any(code in str(exc) for code in _REFUSED_CREDENTIALS):
+                report.line(FAIL, "auth", str(exc))
+            elif "MOVED" in str(exc) or "CLUSTERDOWN" in str(exc):
                 report.line(
                     FAIL,
                     "mode",

@@ -11,6 +11,7 @@
 ``cluster``     the master that owns the keys' slot, and its sharded subscriber
                 (``cluster_pubsub``)
 ``notify``      wake-ups: one pub/sub subscriber per backend, fanned out to local waiters
+``loops``       one running event loop at a time: the check before a store moves to another
 
 Nothing here imports ``_backend`` or a primitive: stores know scripts, keys and arguments,
 never what a limiter or a lock means.

@@ -29,13 +29,15 @@ TRANSLATED = (redis_errors.RedisError, OSError, TimeoutError, hiredis.ReplyError
 @dataclass(frozen=True)
 class ClientErrors:
     """What one client library raises: everything ``translate`` takes (``translated``), of
-    which the server's error replies (``replies``), the timeouts (``timeouts``), and the
-    NOSCRIPT reply that EVAL answers (``noscript``)."""
+    which the server's error replies (``replies``), the timeouts (``timeouts``), the
+    NOSCRIPT reply that EVAL answers (``noscript``), and the refusals of AUTH that the
+    library raises as connection errors (``credentials``: WRONGPASS, NOAUTH)."""
 
     translated: tuple[type[BaseException], ...]
     replies: tuple[type[BaseException], ...]
     timeouts: tuple[type[BaseException], ...]
     noscript: type[BaseException]
+    credentials: tuple[type[BaseException], ...] = ()
 
 
 #: redis-py's (and fakeredis's, whose clients are redis-py's) and the wire's.
@@ -44,6 +46,7 @@ REDIS_PY = ClientErrors(
     (redis_errors.ResponseError, hiredis.ReplyError),
     (redis_errors.TimeoutError, TimeoutError),
     redis_errors.NoScriptError,
+    (redis_errors.AuthenticationError,),
 )
 
 
@@ -56,6 +59,7 @@ def valkey_errors() -> ClientErrors:
         (valkey.ResponseError,),
         (valkey.TimeoutError, TimeoutError),
         valkey.NoScriptError,
+        (valkey.AuthenticationError,),
     )
 
 
@@ -123,6 +127,15 @@ def translate(
 def _translate(
     exc: BaseException, script: Script | None, errors: ClientErrors
 ) -> tuple[AioRateLimitError, str]:
+    if isinstance(exc, errors.credentials):
+        # redis-py and valkey-py raise a refused AUTH as a connection error, its code cut
+        # off the message ("invalid username-password pair"): a wrong password is no
+        # outage but the configuration's error, told with the server's own words.
+        code = getattr(exc, "status_code", None)
+        message = f"{code} {exc}" if code and not str(exc).startswith(code) else str(exc)
+        return BackendError(f"Redis answered with an error: {message}{_fix(message)}"), (
+            "error_reply"
+        )
     if isinstance(exc, (*errors.replies, BackendError)):
         message = str(exc)
         if message.startswith(_TRANSIENT):
@@ -156,6 +169,21 @@ _FIXES = (
         "Unknown Redis command called from Lua script",
         "a script called a command this server does not have: aioratelimit needs Redis"
         " 6.2 or newer (a cluster 7.0 or newer), or Valkey",
+    ),
+    (
+        "WRONGPASS",
+        "the server refused this username and password (or the ACL user is disabled):"
+        " check the URL's user part (redis://USER:PASSWORD@host) or username=/password=",
+    ),
+    (
+        "NOAUTH",
+        "the server requires a password: give it in the URL (redis://USER:PASSWORD@host, or"
+        " redis://:PASSWORD@host for the default user) or as username=/password=",
+    ),
+    (
+        "called without any password configured",
+        "this server has no password for the default user: drop the password from the"
+        " URL, or name the ACL user it belongs to (redis://USER:PASSWORD@host)",
     ),
     (
         "used memory > 'maxmemory'",

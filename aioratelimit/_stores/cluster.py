@@ -27,14 +27,17 @@ channel someone waits on.
 
 Event loops: as on a standalone server, the store serves one running loop at a time, and
 the node connections opened on a loop are closed when that loop shuts down; the next loop
-discovers the cluster afresh.
+discovers the cluster afresh (a call from another loop while the one served so far still
+runs is refused: ``loops``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -44,11 +47,13 @@ from redis import exceptions as redis_errors
 from redis.crc import key_slot
 
 from .._aio import Gate, Keeper
+from .._errors import AioRateLimitError
 from .._scripts import Arg, OnCall, Reply, Script
-from .._urls import Address, parse_hosts
+from .._urls import Address, parse_hosts, tls_query
 from .base import DEFAULT_CONNECT_TIMEOUT, observed, translate
 from .cluster_pubsub import ShardedPubSub
-from .endpoint import Endpoint, endpoint
+from .endpoint import Endpoint, endpoint, tls_options
+from .loops import check_free
 from .notify import Notifier
 from .wire import Link, ReplyError, pack, pack_command
 
@@ -71,14 +76,32 @@ def cluster_store(
     on_call: OnCall | None = None,
     **options: Any,
 ) -> ClusterStore:
-    """The store for a ``redis+cluster://host:port[,host:port...]`` URL (it owns its client)."""
+    """The store for a ``redis+cluster://host:port[,host:port...]`` URL (it owns its client).
+
+    TLS (``rediss+cluster://``, or any TLS option: in the query or as a keyword) is every
+    connection's: the topology's (discovery, rerouting), each node's, the subscriber's.
+    """
     from redis.asyncio.cluster import ClusterNode, RedisCluster
 
     parts = urlsplit(url)
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise ValueError("a redis+cluster:// URL is only hosts: redis+cluster://host:port,...")
+    if parts.path not in ("", "/") or parts.fragment:
+        raise ValueError(
+            "a redis+cluster:// URL is hosts and TLS options only:"
+            " redis+cluster://host:port,host:port or rediss+cluster://host:port,...?ssl_ca_certs=..."
+        )
+    options = {**tls_query(parts.query), **options}
     hosts, username, password = parse_hosts(parts.netloc, 6379)
-    nodes = endpoint(None, {"username": username, "password": password, **options})
+    tls = parts.scheme == "rediss+cluster" or bool(tls_options(options))
+    nodes = endpoint(None, {"username": username, "password": password, **options}, tls=tls)
+    if tls:
+        # redis-py's RedisCluster takes TLS options only with ssl=True (it ignores them
+        # otherwise, and its topology connection would send AUTH in clear text), and not
+        # every one of them: refuse what it would not honour.
+        taken = inspect.signature(RedisCluster.__init__).parameters
+        dropped = sorted(name for name in tls_options(options) if name not in taken)
+        if dropped:
+            raise TypeError(f"TLS option(s) {dropped} are not supported on a Redis Cluster")
+        options["ssl"] = True
     # On MOVED, patch the one slot: a full rediscovery would close connections that other
     # calls are using (and redis-py would retry their scripts: a hit counted twice).
     options.setdefault("reinitialize_steps", 0)
@@ -106,6 +129,7 @@ class ClusterStore:
     """Runs scripts by EVALSHA on a ``redis.asyncio.RedisCluster``, bounded and translated."""
 
     __slots__ = (
+        "_adopting",
         "_cluster",
         "_connect_timeout",
         "_gate",
@@ -151,6 +175,7 @@ class ClusterStore:
         self._notifier: Notifier | None = None
         # The loop the node connections, the gate and the lock serve (see _adopt).
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._adopting = threading.Lock()
         self._keeper: Keeper | None = None
         self._ready = False
         self._ready_lock: asyncio.Lock | None = None
@@ -204,6 +229,8 @@ class ClusterStore:
             if type(reply) is ReplyError:
                 return await self._answered(link, script, keys, args, reply)
             return reply
+        except AioRateLimitError:
+            raise  # translated already (a refusal found by ``ready``)
         except Exception as exc:
             # Also RedisClusterException and redis-py internals: none may escape untranslated.
             raise translate(exc, script) from exc
@@ -295,17 +322,22 @@ class ClusterStore:
 
     def _adopt(self) -> None:
         """Serve the running loop from now on: a fresh gate, lock and discovery, and a
-        keeper that closes the node connections when this loop shuts down."""
-        old, self._loop = self._keeper, _running_loop()
-        if old is not None:
-            old.close_soon()  # its loop ended (closed already), or runs elsewhere
-        self._gate = Gate(self._gate.size)
-        self._links = {}
-        self._ready = False
-        self._ready_lock = None
-        self._refresh = None
-        # A client the application passed in is the application's to close.
-        self._keeper = Keeper(self._disconnect) if self._owned else None
+        keeper that closes the node connections when this loop shuts down; unless the
+        loop served so far still runs (``loops.check_free``)."""
+        with self._adopting:  # two threads' loops may come at once
+            if self._loop is _running_loop():
+                return
+            check_free(self._loop)
+            old, self._loop = self._keeper, _running_loop()
+            if old is not None:
+                old.close_soon()  # its loop has stopped (closed already, mostly)
+            self._gate = Gate(self._gate.size)
+            self._links = {}
+            self._ready = False
+            self._ready_lock = None
+            self._refresh = None
+            # A client the application passed in is the application's to close.
+            self._keeper = Keeper(self._disconnect) if self._owned else None
 
     async def _disconnect(self) -> None:
         """Close every node connection (they belong to the loop that is ending)."""
@@ -334,7 +366,8 @@ class ClusterStore:
                     await self._cluster.initialize()
                 except Exception as exc:
                     # A refusal under the "no node answered" (an ACL user that may not
-                    # run CLUSTER SLOTS) is a configuration error: say so, not "down".
+                    # run CLUSTER SLOTS, a wrong password) is a configuration error: say
+                    # so, not "down".
                     refusal = _refusal(exc)
                     if refusal is not None:
                         raise translate(refusal) from exc
@@ -397,12 +430,13 @@ class ClusterStore:
             await self._disconnect()
 
 
-def _refusal(exc: BaseException) -> redis_errors.ResponseError | None:
-    """The server's refusal (an error reply) behind ``exc``, if one is in its chain."""
+def _refusal(exc: BaseException) -> redis_errors.RedisError | None:
+    """The server's refusal (an error reply, or a refused AUTH: redis-py raises that as a
+    connection error) behind ``exc``, if one is in its chain."""
     seen: set[int] = set()
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
-        if isinstance(cause, redis_errors.ResponseError):
+        if isinstance(cause, (redis_errors.ResponseError, redis_errors.AuthenticationError)):
             return cause
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__

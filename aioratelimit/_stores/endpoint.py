@@ -35,6 +35,8 @@ _TLS = {
     "ssl_ciphers": "ciphers",
     "ssl_password": "password",
 }
+#: Their names as the keyword arguments of ``Backend.from_url``.
+TLS_NAMES = frozenset(_TLS)
 #: What else the wire understands (the rest of a redis-py URL's and client's settings).
 _PLAIN = {"host", "port", "path", "db", "username", "password", "client_name"}
 #: Accepted and left to redis-py's own connections (the wake-up subscriber, topology).
@@ -142,13 +144,32 @@ def check_server(address: str, hello: Any, clock: Any) -> None:
         )
 
 
-def endpoint(url: str | None, options: dict[str, Any]) -> Endpoint:
+def tls_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The TLS keyword arguments among ``options`` (``ssl_ca_certs``...)."""
+    return {name: value for name, value in options.items() if name in _TLS}
+
+
+def tls_context(options: dict[str, Any]) -> ssl.SSLContext:
+    """The TLS context of these TLS keyword arguments, verification on by default (as
+    redis-py's ``SSLConnection`` has it): a certificate file that cannot be read raises
+    here, before any connection."""
+    from redis.asyncio.connection import RedisSSLContext
+
+    settings = {_TLS[name]: value for name, value in options.items()}
+    settings.setdefault("cert_reqs", "required")
+    settings.setdefault("check_hostname", True)
+    return RedisSSLContext(**settings).get()
+
+
+def endpoint(url: str | None, options: dict[str, Any], *, tls: bool = False) -> Endpoint:
     """The endpoint of ``url`` (or of the options alone), with ``options`` over the URL's.
+    TLS is on for a ``rediss://`` URL, with ``tls``, and for options alone that name a TLS
+    setting (the servers of a Cluster or Sentinel URL).
 
     Raises ``TypeError`` for an option the wire cannot honour and ``ValueError`` for a
     malformed URL, before any I/O.
     """
-    from redis.asyncio.connection import RedisSSLContext, SSLConnection, parse_url
+    from redis.asyncio.connection import SSLConnection, parse_url
 
     settings: dict[str, Any] = {}
     if url is not None:
@@ -159,25 +180,27 @@ def endpoint(url: str | None, options: dict[str, Any]) -> Endpoint:
     settings.update(options)
     unknown = set(settings) - _PLAIN - set(_TLS) - _REDIS_PY_ONLY - {"connection_class"}
     if unknown:
+        hint = (
+            " (TLS is the URL's: rediss://, rediss+cluster://, rediss+sentinel://)"
+            if "ssl" in unknown
+            else ""
+        )
         raise TypeError(
             f"unsupported connection option(s) {sorted(unknown)}: the backend's connections"
-            f" take {sorted(_PLAIN | set(_TLS))}"
+            f" take {sorted(_PLAIN | set(_TLS))}{hint}"
         )
-    tls_options = {_TLS[k]: v for k, v in settings.items() if k in _TLS}
-    tls: ssl.SSLContext | None = None
-    if settings.get("connection_class") is SSLConnection or (url is None and tls_options):
-        # Verification on by default, as redis-py's SSLConnection has it.
-        tls_options.setdefault("cert_reqs", "required")
-        tls_options.setdefault("check_hostname", True)
-        tls = RedisSSLContext(**tls_options).get()
-    elif tls_options:
-        raise TypeError(f"TLS options {sorted(tls_options)} need a rediss:// URL")
+    given = tls_options(settings)
+    context: ssl.SSLContext | None = None
+    if settings.get("connection_class") is SSLConnection or tls or (url is None and given):
+        context = tls_context(given)
+    elif given:
+        raise TypeError(f"TLS options {sorted(given)} need a rediss:// URL")
     db = int(settings.get("db") or 0)
     return Endpoint(
         host=str(settings.get("host") or "127.0.0.1"),
         port=int(settings.get("port") or 6379),
         path=settings.get("path"),
-        tls=tls,
+        tls=context,
         username=settings.get("username") or None,
         password=settings.get("password"),
         db=db,

@@ -29,11 +29,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any
 
 from .._errors import BackendError
+from .loops import check_free
 
 log = logging.getLogger("aioratelimit")
 
@@ -46,6 +48,13 @@ CHECK_EVERY = 5.0
 DEFAULT_BOUND = 7.0
 
 PubSubFactory = Callable[[], Any]  # returns a redis.asyncio PubSub (or a compatible object)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:
@@ -76,7 +85,11 @@ class Subscription:
         self.woken = True
         waiter = self._waiter
         if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+            loop = waiter.get_loop()
+            if loop is _running_loop():
+                waiter.set_result(None)
+            else:  # memory:// serves several threads' loops: wake it on its own
+                loop.call_soon_threadsafe(_expire, waiter)
 
     async def wait(self, timeout: float | None) -> bool:
         """Wait for a message (one already delivered counts); False after ``timeout`` s."""
@@ -85,6 +98,8 @@ class Subscription:
                 return False
             loop = asyncio.get_running_loop()
             waiter = self._waiter = loop.create_future()
+            if self.woken:  # delivered from another thread meanwhile (memory://)
+                waiter.set_result(None)
             timer = None if timeout is None else loop.call_later(timeout, _expire, waiter)
             try:
                 await waiter
@@ -125,6 +140,7 @@ class Notifier:
     """
 
     __slots__ = (
+        "_adopting",
         "_bound",
         "_busy",
         "_closed",
@@ -160,6 +176,7 @@ class Notifier:
         self._tasks: set[asyncio.Task[None]] = set()
         # The event loop the reader, the subscriber connection and the futures belong to.
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._adopting = threading.Lock()
         #: counts the subscriber connections lost (or given up): a listener that must not
         #: miss a message (the deny cache) trusts only what it learned in the same epoch
         self.epoch = 0
@@ -232,7 +249,10 @@ class Notifier:
     async def _add(self, sub: Subscription) -> None:
         loop = asyncio.get_running_loop()
         if self._factory is not None and loop is not self._loop:
-            self._adopt(loop)
+            with self._adopting:  # two threads' loops may come at once
+                if loop is not self._loop:
+                    check_free(self._loop)  # refused while the loop served so far runs
+                    self._adopt(loop)
         subs = self._subs.setdefault(sub.channel, [])
         subs.append(sub)
         if self._factory is None or self._closed:

@@ -6,6 +6,11 @@ connection first asks the sentinels for the current master, and a connection who
 answers READONLY (demoted) or breaks is dropped, so after a failover the same backend
 reaches the promoted replica. The wake-up subscriber follows the master through redis-py's
 Sentinel-managed connection class, without redis-py's silent retry.
+
+TLS (``rediss+sentinel://``, or any TLS option) is every connection's: the master's (the
+scripts' and the subscriber's) and the sentinels' (discovery). The sentinels take the same
+settings unless ``sentinel_ssl`` (False: plain TCP to them) or a ``sentinel_ssl_*`` option
+(``sentinel_ssl_ca_certs``...: that one setting, for the sentinels only) says otherwise.
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .._scripts import OnCall
-from .._urls import parse_hosts
-from .endpoint import Endpoint, endpoint
+from .._urls import parse_hosts, tls_query
+from .endpoint import TLS_NAMES, Endpoint, endpoint, tls_context, tls_options
 from .pubsub import DedicatedPubSub
 from .standalone import OnLoop, RedisStore
 
@@ -70,6 +75,33 @@ def _serialized_sentinel(hosts: list[tuple[str, int]], **kwargs: Any) -> Any:
     return build(hosts, **kwargs)
 
 
+def _sentinel_tls(tls: bool, options: dict[str, Any]) -> dict[str, Any]:
+    """The TLS settings of the connections to the sentinels, as redis-py's keyword
+    arguments (``{}``: plain TCP), taking ``sentinel_ssl`` and every ``sentinel_ssl_*``
+    option out of ``options``. By default the sentinels are spoken to as the data servers
+    are (``tls``, the same TLS options); ``sentinel_ssl`` turns TLS to them on or off, and
+    each ``sentinel_ssl_<name>`` replaces ``ssl_<name>`` for them."""
+    on = options.pop("sentinel_ssl", None)
+    own = {
+        name.removeprefix("sentinel_"): options.pop(name)
+        for name in [n for n in options if n.startswith("sentinel_ssl_")]
+    }
+    unknown = sorted(f"sentinel_{name}" for name in own if name not in TLS_NAMES)
+    if unknown:
+        raise TypeError(f"unsupported Sentinel TLS option(s) {unknown}")
+    if on is None:
+        on = tls or bool(own)
+    elif not isinstance(on, bool):
+        raise TypeError(f"sentinel_ssl must be True or False, not {type(on).__name__}")
+    if not on:
+        if own:
+            raise TypeError(f"Sentinel TLS options {sorted(own)} with sentinel_ssl=False")
+        return {}
+    settings = {**tls_options(options), **own}
+    tls_context(settings)  # a certificate file that cannot be read fails here, before I/O
+    return {"ssl": True, **settings}
+
+
 def sentinel_store(
     url: str,
     *,
@@ -83,17 +115,24 @@ def sentinel_store(
     """The store for ``redis+sentinel://host:port[,host:port...]/service_name``."""
     parts = urlsplit(url)
     service = unquote(parts.path.strip("/"))
-    if not service or "/" in service or parts.query or parts.fragment:
+    if not service or "/" in service or parts.fragment:
         raise ValueError(
-            "a redis+sentinel:// URL names the sentinels and one service: "
-            "redis+sentinel://host:port,host:port/service_name"
+            "a redis+sentinel:// URL names the sentinels and one service, and TLS options"
+            " only: redis+sentinel://host:port,host:port/service_name"
         )
+    options = {**tls_query(parts.query, sentinel=True), **options}
+    tls = parts.scheme == "rediss+sentinel" or bool(tls_options(options))
+    own = _sentinel_tls(tls, options)  # takes the sentinel_ options out of ``options``
     hosts, username, password = parse_hosts(parts.netloc, 26379)
-    # Credentials in the URL are the master's; the sentinels get the same timeouts only.
-    master = endpoint(None, {"username": username, "password": password, **options})
+    # Credentials in the URL are the master's; the sentinels get the same timeouts, and TLS.
+    master = endpoint(None, {"username": username, "password": password, **options}, tls=tls)
     sentinel = _serialized_sentinel(
         hosts,
-        sentinel_kwargs={"socket_timeout": timeout, "socket_connect_timeout": connect_timeout},
+        sentinel_kwargs={
+            "socket_timeout": timeout,
+            "socket_connect_timeout": connect_timeout,
+            **own,
+        },
     )
     # redis-py's master client serves the wake-up subscriber (its connections ask the
     # sentinels for the master too); scripts go over the store's own connection.
@@ -104,6 +143,7 @@ def sentinel_store(
         max_connections=max_connections,
         socket_timeout=None,
         socket_connect_timeout=connect_timeout,
+        **({"ssl": True} if tls else {}),
         **options,
     )
 

@@ -11,7 +11,9 @@ The event-loop contract: a store serves one running event loop at a time. What i
 a loop (the connection, the gate's queue) is closed on that loop when the loop shuts down
 (``_aio.Keeper``: asyncio.run, asyncio.Runner, uvloop.run and pytest-asyncio cancel every
 pending task first) or when the store is closed. A call from another loop (the next
-``asyncio.run`` of an application or a test suite) starts afresh there.
+``asyncio.run`` of an application or a test suite) starts afresh there, once the loop
+served so far has stopped; while it still runs (another thread's), the call is refused
+with ``BackendError`` (``loops``).
 
 ``ClientStore`` runs scripts through the client's own ``evalsha``/``eval``: that client's
 pool, timeouts and event-loop rules are the application's.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -37,6 +40,7 @@ from .base import (
     valkey_errors,
 )
 from .endpoint import Endpoint, check_server, endpoint
+from .loops import check_free
 from .notify import Notifier
 from .pubsub import DedicatedPubSub
 from .wire import Link, ReplyError, pack
@@ -94,6 +98,7 @@ class RedisStore(_OnClient):
     """Runs scripts by pre-packed EVALSHA on a multiplexed connection of its own."""
 
     __slots__ = (
+        "_adopting",
         "_connect_timeout",
         "_on",
         "_on_call",
@@ -128,6 +133,7 @@ class RedisStore(_OnClient):
         self._connect_timeout = connect_timeout
         self._on_call = on_call
         self._on: OnLoop | None = None
+        self._adopting = threading.Lock()
         self.run = self._call if on_call is None else self._observed
 
     async def _call(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
@@ -178,19 +184,24 @@ class RedisStore(_OnClient):
         return (on.link if on is not None else self).endpoint.address
 
     def _adopt(self) -> OnLoop:
-        """Serve the running loop from now on (see the module's event-loop contract)."""
-        old = self._on
-        if old is not None and old.keeper is not None:
-            old.keeper.close_soon()  # its loop ended (closed already), or runs elsewhere
-        link = Link(
-            self.endpoint,
-            timeout=self._timeout,
-            connect_timeout=self._connect_timeout,
-            resolve=self._resolve,
-        )
-        on = self._on = OnLoop(link, self._size)
-        on.keeper = Keeper(lambda: self._retire(on))
-        return on
+        """Serve the running loop from now on (see the module's event-loop contract),
+        unless the loop served so far still runs (``loops.check_free``)."""
+        with self._adopting:  # two threads' loops may come at once
+            old = self._on
+            if old is not None and old.loop is _running_loop():
+                return old
+            check_free(None if old is None else old.loop)
+            if old is not None and old.keeper is not None:
+                old.keeper.close_soon()  # its loop has stopped (closed already, mostly)
+            link = Link(
+                self.endpoint,
+                timeout=self._timeout,
+                connect_timeout=self._connect_timeout,
+                resolve=self._resolve,
+            )
+            on = self._on = OnLoop(link, self._size)
+            on.keeper = Keeper(lambda: self._retire(on))
+            return on
 
     async def _retire(self, on: OnLoop) -> None:
         if self._on is on:

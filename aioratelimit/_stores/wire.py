@@ -157,6 +157,9 @@ class Wire(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         #: why the connection is closed (None while it is open)
         self.error: Exception | None = None
+        #: the replies of the write whose closing ECHO was refused, in order (see
+        #: ``connect``: a connection that failed AUTH refuses every later command)
+        self.refused: list[Any] | None = None
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -184,6 +187,7 @@ class Wire(asyncio.Protocol):
             # then none can be trusted (its callers still pending: they fail too).
             if reply != tag:
                 if type(reply) is ReplyError:  # the tag refused (an ACL without ECHO)
+                    self.refused = replies
                     self.abort(reply)
                 else:
                     self.abort(ConnectionError(f"replies from {self.address} are out of step"))
@@ -231,6 +235,18 @@ class Wire(asyncio.Protocol):
             if len(batch) >= CHUNK:
                 self._write_batch()
         return waiter
+
+    def send_together(self, commands: list[bytes]) -> list[asyncio.Future[Any]]:
+        """Write ``commands`` in one write of their own, closed by one tag, and return
+        their replies' futures in order (the handshake: if the tag is refused, the replies
+        read before it are kept in ``refused``, all of them)."""
+        if self.error is not None:
+            raise ConnectionError(str(self.error))
+        assert self._transport is not None
+        assert self._batch is None  # a fresh wire: nothing batched before it
+        callers = [self._loop.create_future() for _ in commands]
+        self._transport.write(b"".join(commands) + self._tag(callers))
+        return callers
 
     def _tag(self, callers: list[asyncio.Future[Any]]) -> bytes:
         """The ECHO that closes a write, its callers' replies and its tag queued as owed."""
@@ -316,13 +332,19 @@ async def connect(endpoint: Endpoint, *, timeout: float, connect_timeout: float)
                 lambda: wire, endpoint.host, endpoint.port, ssl=endpoint.tls
             )
         try:
-            replies = [wire.send(pack_command(*command)) for command in endpoint.handshake()]
+            replies = wire.send_together([pack_command(*c) for c in endpoint.handshake()])
             endpoint.checked([await reply for reply in replies])
         except BaseException:
             wire.abort(ConnectionError(f"the handshake with {endpoint.address} failed"))
             for reply in replies:
                 if reply.done() and not reply.cancelled():
                     reply.exception()  # retrieved: the first failure is what is raised
+            refused = wire.refused
+            if refused is not None and len(refused) == len(replies):
+                # The ECHO closing the handshake was refused, and with it the whole write
+                # failed: after a wrong password every command answers NOAUTH, so the
+                # reason is the handshake's own first refusal (WRONGPASS), raised here.
+                endpoint.checked(refused)
             raise
     return wire
 

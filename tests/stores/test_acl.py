@@ -10,10 +10,12 @@ one refusal in ``ACL LOG``; and a user missing any one of several permissions ge
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -24,6 +26,7 @@ from support.core_calls import WOKEN_WITHIN, conformance_core, contended_handoff
 from support.tls_servers import ServerProcess, acl_user
 
 import aioratelimit as arl
+from aioratelimit._cli.main import main
 
 #: Every test here needs a server of its own kind (TLS, or plain with ACL users): the
 #: standalone lane, whatever fixtures it reaches through request.getfixturevalue.
@@ -273,3 +276,80 @@ async def test_missing_permission_on_a_cluster_is_a_backend_error_naming_it(
             with pytest.raises(arl.BackendError, match=f"(?i){named}"):
                 async with asyncio.timeout(10):
                     await scenario(b, key)
+
+
+# -- credentials the server refuses ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def locked_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A plain-TCP server whose ``default`` user has a password: a client must AUTH before
+    any other command, so a refused AUTH leaves every later one answering NOAUTH."""
+    folder = tmp_path_factory.mktemp("locked-redis")
+    server = ServerProcess(folder, requirepass=f"pw-{uuid.uuid4().hex}").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def refused_url(request: pytest.FixtureRequest, deployment: str, who: str) -> Iterator[str]:
+    """A URL whose credentials the server refuses: a wrong password (of the ``default``
+    user, or of an ACL user: on a cluster and behind Sentinel, one on every data server),
+    or no password where one is required."""
+    if deployment in ("cluster", "sentinel"):
+        url: str = request.getfixturevalue(f"{deployment}_url")
+        admins = [redis.Redis(host, port, socket_timeout=5) for host, port in data_nodes(url)]
+    else:
+        server: ServerProcess = request.getfixturevalue("locked_redis")
+        url, admins = server.url(), [server.admin()]
+    if who == "default user":
+        yield url.replace("://", "://:wrong@", 1)
+    elif who == "no password":
+        yield url
+    else:
+        with acl_user(admins, ["+@all"]) as (name, _):
+            yield url.replace("://", f"://{name}:wrong@", 1)
+
+
+#: deployment, whose credentials, and the code the server refuses them with
+REFUSALS = [
+    ("redis", "default user", "WRONGPASS"),
+    ("redis", "ACL user", "WRONGPASS"),
+    ("redis", "no password", "NOAUTH"),
+    ("cluster", "ACL user", "WRONGPASS"),
+    ("sentinel", "ACL user", "WRONGPASS"),
+]
+
+
+@pytest.mark.parametrize(("deployment", "who", "code"), REFUSALS)
+async def test_refused_credentials_are_named_as_the_server_said(
+    request: pytest.FixtureRequest, deployment: str, who: str, code: str, key: str
+) -> None:
+    """A wrong password is ``BackendError`` with the server's WRONGPASS (not the NOAUTH that
+    every command after a refused AUTH gets, nor an outage), no password where one is
+    needed its NOAUTH, each with what to fix, on every deployment and within seconds."""
+    with refused_url(request, deployment, who) as url:
+        async with arl.Backend.from_url(url, timeout=2, connect_timeout=2) as backend:
+            with pytest.raises(arl.BackendError) as info:
+                async with asyncio.timeout(10):
+                    await _hit(backend, key)
+    assert str(info.value).startswith(f"Redis answered with an error: {code} "), info.value
+    assert "(fix: " in str(info.value)
+
+
+@pytest.mark.parametrize("deployment", ["redis", "cluster"])
+def test_doctor_and_bench_name_a_wrong_password(
+    request: pytest.FixtureRequest, deployment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``aioratelimit doctor`` fails on a wrong password with an ``auth`` line quoting
+    WRONGPASS (a cluster's too: not "unreachable"), and ``aioratelimit bench`` stops with
+    it."""
+    with refused_url(request, deployment, "ACL user") as url:
+        assert main(["doctor", "--url", url, "--timeout", "2"]) == 1
+        doctor = capsys.readouterr().out
+        assert re.search(r"FAIL\s+auth\s+.*WRONGPASS", doctor), doctor
+        if deployment == "redis":  # bench measures one server
+            assert main(["bench", "--url", url, "--seconds", "0.1"]) != 0
+            assert "WRONGPASS" in capsys.readouterr().err
