@@ -118,7 +118,10 @@ class Backend:
         timeout = check_seconds(timeout, "timeout")
         connect_timeout = check_seconds(connect_timeout, "connect_timeout")
         if url.startswith("memory://"):
-            return memory_backend(prefix=prefix, timeout=timeout, on_call=on_call)
+            from ._stores.memory.store import memory_options
+
+            cap = memory_options(url).get("max_keys")  # memory://?max_keys=...
+            return memory_backend(prefix=prefix, timeout=timeout, on_call=on_call, max_keys=cap)
         build: Callable[..., Store]
         if url.startswith("redis+cluster://"):
             from ._stores.cluster import cluster_store as build
@@ -225,14 +228,20 @@ def memory_backend(
     clock: Callable[[], int] | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     on_call: OnCall | None = None,
+    max_keys: int | None = None,
 ) -> Backend:
     """A backend on a new, empty in-process store (``memory://``): the one place that builds
     one. ``clock`` (microseconds since the epoch, as Redis ``TIME`` answers) replaces the
     wall clock: ``aioratelimit.testing.ManualClock`` moves only when a test says so;
-    ``on_call`` is reported every script call, as ``from_url``'s."""
+    ``on_call`` is reported every script call, as ``from_url``'s. ``max_keys`` caps the
+    keys the store holds (``memory://?max_keys=``): past it, a call that would create a
+    key raises ``BackendError`` and changes nothing (no key is evicted to make room)."""
     from ._stores.memory.store import MemoryStore, ObservedMemoryStore
 
-    store = MemoryStore(clock) if on_call is None else ObservedMemoryStore(on_call, clock)
+    if on_call is None:
+        store = MemoryStore(clock, max_keys=max_keys)
+    else:
+        store = ObservedMemoryStore(on_call, clock, max_keys=max_keys)
     return Backend._of(store, prefix=prefix, url="memory://", timeout=timeout)
 
 
