@@ -9,8 +9,9 @@ from collections.abc import Callable
 import pytest
 
 import aioratelimit as arl
-from aioratelimit import _keys
+from aioratelimit import _keys, _scripts
 from aioratelimit._stores.memory.keyspace import SLOT_SHIFT, SWEEP_STEP, Keyspace
+from aioratelimit._stores.memory.locks import PRUNE_MAX, Holders
 from aioratelimit._stores.memory.store import MemoryStore
 from aioratelimit.testing import ManualClock, memory_backend
 
@@ -138,3 +139,33 @@ async def test_max_keys_options() -> None:
         memory_backend(max_keys=0)
     with pytest.raises(TypeError, match="max_keys must be an int"):
         memory_backend(max_keys=True)
+
+
+async def test_a_semaphore_call_prunes_a_bounded_number_of_tombstones() -> None:
+    """5,000 tombstones (releases within a ttl) that expire at once beside a live holder:
+    each call removes at most PRUNE_MAX of them, popping no more of the tombstones' heap
+    than it removes (no walk over the rest), and answers as if all were gone."""
+    clock = ManualClock()
+    backend = memory_backend(clock=clock)
+    sem = arl.Semaphore("s", limit=2, ttl=60, backend=backend)
+    keeper = await sem.acquire(timeout=0)
+    holders_key, fences_key, channel = _keys.semaphore(backend._head(_keys.SEMAPHORE_KIND), "s")
+    for i in range(5_000):
+        args = (f"t{i:04d}", 5, channel, "PUBLISH")
+        assert await backend._run(_scripts.SEMAPHORE_RELEASE, [holders_key, fences_key], args) == 0
+    clock.advance(0.01)
+    holders = keyspace(backend).data[holders_key]
+    assert isinstance(holders, Holders)
+    assert len(holders) == 5_001
+    sizes = []
+    for _ in range(3):
+        lease = await sem.acquire(timeout=0)  # the keeper and this one: the limit
+        sizes.append((len(holders), len(holders.tombs)))
+        await lease.release()
+        sizes.append((len(holders), len(holders.tombs)))
+    assert sizes[:3] == [
+        (5_001 - PRUNE_MAX + 1, 5_000 - PRUNE_MAX),
+        (5_001 - 2 * PRUNE_MAX + 1, 5_000 - 2 * PRUNE_MAX + 1),
+        (5_001 - 3 * PRUNE_MAX + 2, 5_000 - 3 * PRUNE_MAX + 1),
+    ]
+    await keeper.release()
