@@ -2,6 +2,13 @@
 
 Everything here runs before any I/O, so bad input raises ``TypeError``/``ValueError`` and
 changes nothing. Python speaks seconds as ``float``; scripts speak integer microseconds.
+
+The bounds are what the scripts compute exactly. Lua 5.1's numbers are doubles: integers
+are exact up to 2**53. A script adds to the server clock (``TIME`` in microseconds: about
+2**50.7 today, below 2**52 until the year 2112) up to three windows or a bucket's capacity
+(a token bucket's TAT runs up to two capacities ahead, plus a cost), and compares counts of
+up to a limit. With every count (a limit, a burst, a cost) and every duration (a window, a
+TTL, a bucket's full refill) at most 2**50, every sum stays below 2**53.
 """
 
 from __future__ import annotations
@@ -9,6 +16,13 @@ from __future__ import annotations
 import math
 
 US = 1_000_000
+
+#: The largest limit, burst or cost: 2**50, about 1.1e15 (a count the scripts add to the
+#: clock's scale and compare exactly).
+MAX_COUNT = 2**50
+#: The longest duration in whole seconds, 2**50 microseconds rounded down: 1,125,899,906 s,
+#: about 35.7 years (a window, a TTL, a lease, a block, a timeout).
+MAX_SECONDS = 2**50 // US
 
 
 def to_us(seconds: float) -> int:
@@ -44,8 +58,21 @@ def check_int(value: object, what: str, *, minimum: int = 1) -> int:
     return value
 
 
+def check_count(value: object, what: str) -> int:
+    """A limit, a burst or a cost: an ``int`` from 1 to ``MAX_COUNT``."""
+    check_int(value, what)
+    assert isinstance(value, int)
+    if value > MAX_COUNT:
+        raise ValueError(
+            f"{what} must be <= 2**50 ({MAX_COUNT}), the largest count the scripts"
+            f" compute exactly, got {value}"
+        )
+    return value
+
+
 def check_seconds(value: object, what: str, *, allow_zero: bool = False) -> float:
-    """A finite, positive number of seconds (zero too when ``allow_zero``)."""
+    """A finite, positive number of seconds (zero too when ``allow_zero``), at most
+    ``MAX_SECONDS``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
     seconds = float(value)
@@ -53,6 +80,11 @@ def check_seconds(value: object, what: str, *, allow_zero: bool = False) -> floa
         raise ValueError(f"{what} must be finite, got {value}")
     if seconds < 0 or (seconds == 0 and not allow_zero):
         raise ValueError(f"{what} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+    if seconds > MAX_SECONDS:
+        raise ValueError(
+            f"{what} must be <= {MAX_SECONDS} s (2**50 microseconds, about 35 years), the"
+            f" longest the scripts compute exactly, got {value}"
+        )
     return seconds
 
 

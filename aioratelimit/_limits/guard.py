@@ -43,7 +43,7 @@ class Guarded(Protocol):
     @property
     def _fallback(self) -> Guarded | None: ...
 
-    def _check_cost(self, cost: object) -> int: ...
+    def _check_cost(self, cost: object, partial: bool = False) -> int: ...
 
     def _keys(self, backend: Backend, key: str) -> list[str]: ...
 
@@ -86,7 +86,7 @@ async def _decide(lim: Guarded, key: str, cost: int, commit: int) -> Decision:
     check_key(key)
     # Bad input raises here, before any I/O, whatever the breaker says; a partial hit may
     # ask for more than the limit (it gets what is left).
-    check_int(cost, "cost") if partial else lim._check_cost(cost)
+    lim._check_cost(cost, partial)
     breaker = lim._breaker
     entry = None
     flight: asyncio.Future[Decision | None] | None = None

@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from .. import _keys, _observe, _scripts
-from .._args import check_int, check_key, check_seconds, check_timeout, from_us, to_us
+from .._args import check_count, check_key, check_seconds, check_timeout, from_us, to_us
 from .._backend import Backend, get_backend
 from .._errors import RateLimited
 from .._rates import Decision, Rate
@@ -157,10 +157,12 @@ class Limiter:
             keys.append(_keys.block(head, key))
         return keys
 
-    def _check_cost(self, cost: object) -> int:
-        check_int(cost, "cost")
+    def _check_cost(self, cost: object, partial: bool = False) -> int:
+        """A cost from 1 to the tightest limit, or to 2**50 for a partial hit (which gets
+        what is left)."""
+        check_count(cost, "cost")
         assert isinstance(cost, int)
-        if cost > self._max_cost:
+        if cost > self._max_cost and not partial:
             raise ValueError(
                 f"cost {cost} can never be admitted: it is above the limit {self._max_cost}"
             )
@@ -177,7 +179,7 @@ class Limiter:
             check_key(key)
         if type(cost) is not int or not 0 < cost <= self._max_cost:
             # A partial hit may ask for more than a limit: it gets what is left.
-            cost = self._check_cost(cost) if mode < _PARTIAL else check_int(cost, "cost")
+            cost = self._check_cost(cost, mode >= _PARTIAL)
         backend = self._backend or get_backend()
         args = (cost, mode, *self._args, *extra)
         return backend._run(self._script, self._keys(backend, key), args)
