@@ -13,7 +13,10 @@ TTL, a bucket's full refill) at most 2**50, every sum stays below 2**53.
 
 from __future__ import annotations
 
+import inspect
 import math
+from collections.abc import Callable
+from typing import Any
 
 US = 1_000_000
 
@@ -93,3 +96,67 @@ def check_timeout(value: object, what: str = "timeout") -> float | None:
     if value is None:
         return None
     return check_seconds(value, what, allow_zero=True)
+
+
+Args = tuple[Any, ...]
+Kwargs = dict[str, Any]
+_MISSING: Any = object()
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def binder(fn: Callable[..., object]) -> Callable[[Args, Kwargs], tuple[Args, Kwargs]]:
+    """How ``fn`` takes a call's arguments: a function of ``(args, kwargs)`` answering them
+    as ``fn``'s parameters receive them, defaults filled in (``BoundArguments.args`` and
+    ``.kwargs`` after ``apply_defaults``), for a decorator's ``key=`` and the like: given
+    ``charge("o-1")`` of ``async def charge(order, amount=5)``, they get ``("o-1", 5)``. A
+    call ``fn`` would refuse raises its ``TypeError`` there, before anything runs.
+
+    Worked out once per decoration. ``inspect.Signature.bind`` costs several µs a call, as
+    much as a whole decision on memory://; a function without ``*args`` or ``**kwargs``
+    is bound here by a table of its parameters in well under one, and anything irregular
+    (a missing or unexpected argument) goes to ``inspect`` for its error."""
+    signature = inspect.signature(fn)
+    params = list(signature.parameters.values())
+
+    def slow(args: Args, kwargs: Kwargs) -> tuple[Args, Kwargs]:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return bound.args, bound.kwargs
+
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return slow
+    positional = [p for p in params if p.kind in _POSITIONAL]
+    by_name = {p.name: i for i, p in enumerate(positional) if p.kind is p.POSITIONAL_OR_KEYWORD}
+    defaults = [_MISSING if p.default is p.empty else p.default for p in positional]
+    keyword_only = {
+        p.name: (_MISSING if p.default is p.empty else p.default)
+        for p in params
+        if p.kind is p.KEYWORD_ONLY
+    }
+    required = sum(1 for d in defaults if d is _MISSING)  # (they come first)
+    npos = len(positional)
+    tail = tuple(defaults[required:])
+    plain = not keyword_only
+
+    def bind(args: Args, kwargs: Kwargs) -> tuple[Args, Kwargs]:
+        n = len(args)
+        if not kwargs and plain and required <= n <= npos:  # the usual call
+            return (args + tail[n - required :] if n < npos else args), {}
+        if n > npos:
+            return slow(args, kwargs)
+        values = [*args, *defaults[n:]]
+        named = dict(keyword_only)
+        for name, value in kwargs.items():
+            i = by_name.get(name)
+            if i is not None and i >= n:
+                values[i] = value
+            elif name in named:
+                named[name] = value
+            else:  # given twice, or no such parameter
+                return slow(args, kwargs)
+        # (By identity: a default's own == may be anything, a numpy array's is elementwise.)
+        if any(v is _MISSING for v in values) or any(v is _MISSING for v in named.values()):
+            return slow(args, kwargs)  # (a missing argument)
+        return tuple(values), named
+
+    return bind
