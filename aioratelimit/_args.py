@@ -44,12 +44,29 @@ def from_us(us: int | float) -> float:
 
 
 def check_key(key: object, what: str = "key") -> str:
-    """A user key: a non-empty ``str``."""
+    """A user key: a non-empty ``str`` of text (``check_text``)."""
     if not isinstance(key, str):
         raise TypeError(f"{what} must be a str, not {type(key).__name__}")
     if not key:
         raise ValueError(f"{what} must not be empty")
+    if not key.isascii():
+        check_text(key, what)
     return key
+
+
+def check_text(text: str, what: str = "a key") -> None:
+    """Refuse a ``str`` that is not text: one with a lone surrogate (``"\\udc80"``, as
+    ``os.fsdecode`` or ``surrogateescape`` make of undecodable bytes) has no UTF-8 form,
+    so no Redis key; the same rule on every backend, memory:// included."""
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start : exc.end]
+        raise ValueError(
+            f"{what} must be text that UTF-8 can encode: {text!r} holds a lone surrogate"
+            f" ({bad!r} at index {exc.start}); decode its bytes with errors='replace', or"
+            " encode them (hex, base64) into the key"
+        ) from None
 
 
 def check_int(value: object, what: str, *, minimum: int = 1) -> int:

@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Any
 
 from . import _keys
-from ._args import check_int, check_seconds
+from ._args import check_int, check_seconds, check_text
 from ._errors import BackendUnavailable
 from ._scripts import Arg, OnCall, Reply, Script
 from ._stores.base import (
@@ -293,6 +293,8 @@ def _check_prefix(prefix: object) -> str:
         raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
     if not prefix:
         raise ValueError("prefix must not be empty")
+    if not prefix.isascii():
+        check_text(prefix, "prefix")
     return prefix
 
 

@@ -6,6 +6,7 @@ ValueError/TypeError also proves nothing was sent."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -217,6 +218,7 @@ BAD_COSTS: list[tuple[Any, type[Exception]]] = [
 
 BAD_KEYS: list[tuple[Any, type[Exception]]] = [
     ("", ValueError),
+    ("ab\udc80", ValueError),  # a lone surrogate: no UTF-8 form, on any backend
     (None, TypeError),
     (42, TypeError),
     (b"bytes", TypeError),
@@ -279,6 +281,48 @@ async def test_bad_key_raises_before_io(limiter: Limiter, key: Any, error: type[
     with pytest.raises(error):
         await endpoint()
     assert not ran
+
+
+@pytest.mark.parametrize("where", ["memory", "redis"])
+async def test_a_key_that_is_not_text_is_refused_alike_on_every_backend(
+    where: str, nowhere: arl.Backend
+) -> None:
+    """A key, name or prefix holding a lone surrogate (no UTF-8 form) raises the same
+    ValueError before any I/O on memory:// as on Redis (not a UnicodeEncodeError from the
+    wire, nor a key memory:// alone would take), for every kind of key."""
+    bad = "user-\udc80"
+    backend = arl.Backend.from_url("memory://") if where == "memory" else nowhere
+
+    @arl.idempotent(key=lambda: bad, backend=backend)
+    async def charge() -> None:
+        raise AssertionError("ran")
+
+    @arl.FixedWindow("5/minute", backend=backend).limit(key=lambda: bad)
+    async def endpoint() -> None:
+        raise AssertionError("ran")
+
+    async def called(call: Callable[[], Any]) -> None:
+        result = call()
+        if asyncio.iscoroutine(result):
+            await result
+
+    calls: list[Callable[[], Any]] = [
+        lambda: arl.FixedWindow("5/minute", backend=backend).hit(bad),
+        lambda: arl.SlidingWindow("5/minute", backend=backend).peek(bad),
+        lambda: arl.TokenBucket("5/minute", backend=backend).reset(bad),
+        lambda: arl.FixedWindow("5/minute", backend=backend, name=bad),
+        lambda: arl.Lock(bad, backend=backend),
+        lambda: arl.Semaphore(bad, backend=backend),
+        charge,
+        endpoint,
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match="lone surrogate") as info:
+            await called(call)
+        assert type(info.value) is ValueError
+    with pytest.raises(ValueError, match="lone surrogate"):
+        arl.Backend.from_url("memory://", prefix=bad)
+    await backend.aclose()
 
 
 @pytest.mark.parametrize(
