@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import Any
 
 from . import _keys
-from ._args import check_int, check_seconds
+from ._args import check_int, check_seconds, check_text
 from ._errors import BackendUnavailable
 from ._keys import UNKEYED, Keyring, resolve_secret
 from ._scripts import Arg, OnCall, Reply, Script
@@ -151,7 +151,12 @@ class Backend:
         timeout = check_seconds(timeout, "timeout")
         connect_timeout = check_seconds(connect_timeout, "connect_timeout")
         if url.startswith("memory://"):
-            return memory_backend(prefix=prefix, timeout=timeout, on_call=on_call, secret=secret)
+            from ._stores.memory.store import memory_options
+
+            cap = memory_options(url).get("max_keys")  # memory://?max_keys=...
+            return memory_backend(
+                prefix=prefix, timeout=timeout, on_call=on_call, max_keys=cap, secret=secret
+            )
         build: Callable[..., Store]
         if url.startswith(CLUSTER_SCHEMES):
             from ._stores.cluster import cluster_store as build
@@ -267,16 +272,22 @@ def memory_backend(
     timeout: float = DEFAULT_TIMEOUT,
     on_call: OnCall | None = None,
     secret: str | bytes | Sequence[str | bytes] | None = None,
+    max_keys: int | None = None,
 ) -> Backend:
     """A backend on a new, empty in-process store (``memory://``): the one place that builds
     one. ``clock`` (microseconds since the epoch, as Redis ``TIME`` answers) replaces the
     wall clock: ``aioratelimit.testing.ManualClock`` moves only when a test says so;
     ``on_call`` is reported every script call, as ``from_url``'s; ``secret`` is the
-    deployment's secret, as ``from_url``'s."""
+    deployment's secret, as ``from_url``'s. ``max_keys`` caps the keys the store holds
+    (``memory://?max_keys=``): past it, a call that would create a key raises
+    ``BackendError`` and changes nothing (no key is evicted to make room)."""
     from ._stores.memory.store import MemoryStore, ObservedMemoryStore
 
     keyring = resolve_secret(secret)
-    store = MemoryStore(clock) if on_call is None else ObservedMemoryStore(on_call, clock)
+    if on_call is None:
+        store = MemoryStore(clock, max_keys=max_keys)
+    else:
+        store = ObservedMemoryStore(on_call, clock, max_keys=max_keys)
     return Backend._of(store, prefix=prefix, url="memory://", timeout=timeout, keyring=keyring)
 
 
@@ -328,6 +339,8 @@ def _check_prefix(prefix: object) -> str:
         raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
     if not prefix:
         raise ValueError("prefix must not be empty")
+    if not prefix.isascii():
+        check_text(prefix, "prefix")
     return prefix
 
 

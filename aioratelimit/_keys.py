@@ -10,7 +10,9 @@ keys of one decision (several rates, a lock and its fence) share one slot while 
 user keys spread over the whole cluster; a constant tag would pile every key onto one shard.
 Braces and ``%`` inside user-supplied parts are percent-escaped, which keeps the tag intact
 (``{`` or ``}`` in a user key cannot end it early) and the mapping injective (two different
-user keys never share a Redis key).
+user keys never share a Redis key). A part must be text UTF-8 can encode (no lone
+surrogate): a Redis key is its UTF-8 bytes, and memory:// keeps the same rule, so a key
+that one backend takes is never refused by another.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import hmac
 import os
 import secrets
 from collections.abc import Sequence
+
+from ._args import check_text
 
 _ESCAPES = str.maketrans({"%": "%25", "{": "%7B", "}": "%7D"})
 
@@ -33,7 +37,10 @@ def new_token(nbytes: int = 16) -> str:
 
 
 def escape(part: str) -> str:
-    """Make ``part`` safe inside a key: no braces, and reversible."""
+    """Make ``part`` safe inside a key: no braces, and reversible; ``ValueError`` for a
+    part that is not text (``check_text``), before anything is sent."""
+    if not part.isascii():
+        check_text(part)
     if "{" in part or "}" in part or "%" in part:
         return part.translate(_ESCAPES)
     return part

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from ._args import US, check_int, check_seconds, to_us
+from ._args import MAX_COUNT, US, check_count, check_seconds, to_us
 
 _UNITS: dict[str, float] = {
     "ms": 0.001, "millisecond": 0.001, "milliseconds": 0.001,
@@ -28,13 +28,14 @@ MIN_WINDOW = 0.001
 
 @dataclass(frozen=True, slots=True)
 class Rate:
-    """At most ``limit`` hits (by cost) per ``window`` seconds."""
+    """At most ``limit`` hits (by cost) per ``window`` seconds: ``limit`` from 1 to 2**50,
+    ``window`` from 1 ms to 2**50 µs (about 35 years), what the scripts compute exactly."""
 
     limit: int
     window: float
 
     def __post_init__(self) -> None:
-        check_int(self.limit, "Rate.limit")
+        check_count(self.limit, "Rate.limit")
         window = check_seconds(self.window, "Rate.window")
         if window < MIN_WINDOW:
             raise ValueError(f"Rate.window must be at least {MIN_WINDOW} s, got {window}")
@@ -68,6 +69,20 @@ class Rate:
 
 
 RateLike = Rate | str
+
+
+def token_bucket(rate: Rate, burst: object) -> tuple[int, int]:
+    """A ``TokenBucket``'s ``burst`` (``None``: the rate's limit) and microseconds per
+    token (rounded up: never faster than asked). A full bucket's refill, burst times that
+    interval, is a duration the script adds to the clock: at most 2**50 µs, as a window."""
+    size = rate.limit if burst is None else check_count(burst, "burst")
+    interval = -(-rate.window_us // rate.limit)
+    if size * interval > MAX_COUNT:
+        raise ValueError(
+            f"burst {size} of {rate} takes {size * interval / US:.0f} s to refill: at most"
+            f" 2**50 µs (about 35 years), what the script computes exactly"
+        )
+    return size, interval
 
 
 def as_rate(value: object) -> Rate:

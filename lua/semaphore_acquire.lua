@@ -1,9 +1,10 @@
 -- semaphore_acquire: take one of `limit` slots for `token`, with a fencing token.
 -- Holders are a ZSET of tokens scored by their expiry (ms, > 0). A released token stays as a
 -- tombstone scored by minus its tombstone's expiry (< 0; semaphore_release.lua), so every
--- member is live while |score| > now; the others are pruned on every call. Sent again with a
--- token that holds a slot (a reply was lost), it returns the same fence and sets the TTL anew;
--- a late copy of an acquire whose token was already released takes nothing.
+-- member is live while |score| > now; the others count as absent, and each call prunes a
+-- bounded number of them. Sent again with a token that holds a slot (a reply was lost), it
+-- returns the same fence and sets the TTL anew; a late copy of an acquire whose token was
+-- already released takes nothing.
 --
 -- The fence is max(last fence + 1, server clock in microseconds), as in lock_acquire.lua: the
 -- hash that keeps it expires only after its last holder's expiry, when the clock has passed
@@ -26,18 +27,20 @@ local t, now = server_clock()
 prune(now)
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
-local score = redis.call('ZSCORE', KEYS[1], token)
-if score then
-  if tonumber(score) > 0 then
-    redis.call('ZADD', KEYS[1], now + ttl, token)
-    expire_at_latest()
-    return {1, tonumber(redis.call('HGET', KEYS[2], token) or '0')}
-  end
-  return {0, -tonumber(score) - now}
+local score = tonumber(redis.call('ZSCORE', KEYS[1], token) or '0')
+if score > now then
+  redis.call('ZADD', KEYS[1], now + ttl, token)
+  expire_at_latest()
+  return {1, tonumber(redis.call('HGET', KEYS[2], token) or '0')}
+end
+if score < -now then
+  return {0, -score - now}
 end
 
-if redis.call('ZCOUNT', KEYS[1], '(0', '+inf') >= limit then
-  local first = redis.call('ZRANGEBYSCORE', KEYS[1], '(0', '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+-- Live holders only: an expired one left by the prune holds no slot.
+local live = '(' .. now
+if redis.call('ZCOUNT', KEYS[1], live, '+inf') >= limit then
+  local first = redis.call('ZRANGEBYSCORE', KEYS[1], live, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   return {0, tonumber(first[2]) - now}
 end
 

@@ -14,7 +14,7 @@ local _, now = server_clock()
 prune(now)
 
 local score = redis.call('ZSCORE', KEYS[1], token)
-if score and tonumber(score) > 0 then
+if score and tonumber(score) > now then
   redis.call('ZADD', KEYS[1], now + ttl, token)
   expire_at_latest()
   return 1

@@ -21,12 +21,12 @@ local publish = ARGV[4]
 local _, now = server_clock()
 prune(now)
 
-local score = redis.call('ZSCORE', KEYS[1], token)
-if score and tonumber(score) < 0 then
+local score = tonumber(redis.call('ZSCORE', KEYS[1], token) or '0')
+if score < -now then
   return 2
 end
 local code = 0
-if score then code = 1 end
+if score > now then code = 1 end
 
 redis.call('ZADD', KEYS[1], -(now + tomb_ms), token)
 redis.call('HDEL', KEYS[2], token)

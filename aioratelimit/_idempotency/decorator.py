@@ -12,7 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar, cast
 
-from .._args import check_int, check_key
+from .._args import binder, check_int, check_key
 from .._backend import Backend
 from .._errors import BackendUnavailable, IdempotencyInProgress
 from .results import JSON, RECORD_OVERHEAD, Codec, Serializer
@@ -38,15 +38,17 @@ def idempotent(
 ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Coroutine[Any, Any, R]]]:
     """Run an async function once per idempotency key; later calls replay its result.
 
-    ``key`` (a callable given the function's arguments, or a string) names the operation.
+    ``key`` (a string, or a callable given the call's arguments as the function receives
+    them, defaults filled in) names the operation; a call the function would refuse raises
+    its ``TypeError`` before any claim.
     The first call runs the function under a lease of ``lease`` seconds, renewed while it
     runs, and stores its result (``serializer``, JSON by default) for ``ttl`` seconds; later
     calls with that key return the stored result without running anything. While the first
     call runs, another raises ``IdempotencyInProgress``, or with ``wait=True`` waits for
     the first call's result (or, if it raised, claims the key and runs itself).
 
-    ``fingerprint(*args, **kwargs)`` (str or bytes) identifies the request's content: the key
-    used with another fingerprint raises ``IdempotencyKeyMismatch`` and runs nothing.
+    ``fingerprint`` (given the same arguments; str or bytes) identifies the request's content:
+    the key used with another fingerprint raises ``IdempotencyKeyMismatch`` and runs nothing.
 
     If the function raises, or the call is cancelled, nothing is stored and the key is free
     at once; if the process dies, once the lease has passed. ``name`` gives the keys a
@@ -85,11 +87,13 @@ def idempotent(
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"@idempotent decorates an async function, not {fn!r}")
         codec = Codec(fn, serializer, max_result_bytes)  # may refuse the return annotation
+        bind = binder(fn)
 
         @functools.wraps(fn)
         async def once(*args: P.args, **kwargs: P.kwargs) -> R:
-            k = key_of(*args, **kwargs) if key_of is not None else fixed_key
-            fp = None if fingerprint is None else fingerprint(*args, **kwargs)
+            bound, named = bind(args, kwargs)
+            k = key_of(*bound, **named) if key_of is not None else fixed_key
+            fp = None if fingerprint is None else fingerprint(*bound, **named)
             codec.check()  # an annotation left unresolved at decoration: before any claim
             outcome = await store.claim(k, fp)
             if type(outcome) is Replay:  # the hot path first

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import re
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
 from .. import _keys, _scripts
-from .._args import check_seconds, to_us
+from .._args import binder, check_seconds, to_us
 from .._backend import Backend, get_backend
 from .._errors import TokenRejected
 from .._keys import UNKEYED, Keyring
@@ -128,9 +129,11 @@ def consumes_token(
 ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Coroutine[Any, Any, R]]]:
     """Decorate an async function to run only if its token is consumed now.
 
-    ``token`` is given the function's arguments and returns the token presented;
-    ``subject`` is ``None``, a string, or a callable given the same arguments. When the
-    token is not consumed, the function does not run and ``TokenRejected`` is raised.
+    ``token`` is given the call's arguments as the function receives them (defaults filled
+    in) and returns the token presented; ``subject`` is ``None``, a string, or a callable
+    given the same arguments. When the token is not consumed, the function does not run and
+    ``TokenRejected`` is raised. A call the function would refuse raises its ``TypeError``
+    before the token is consumed; a plain ``def`` is refused with ``TypeError`` here.
     """
     if not callable(token):
         raise TypeError(f"token must be a callable, not {type(token).__name__}")
@@ -138,12 +141,18 @@ def consumes_token(
         raise TypeError(f"subject must be a str, a callable or None, not {type(subject).__name__}")
     if backend is not None:
         _backend(backend)
+    subject_of, fixed_subject = (subject, None) if callable(subject) else (None, subject)
 
     def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"@consumes_token decorates an async function, not {fn!r}")
+        bind = binder(fn)
+
         @functools.wraps(fn)
         async def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
-            who = subject(*args, **kwargs) if callable(subject) else subject
-            if not await consume_token(token(*args, **kwargs), who, backend):
+            bound, named = bind(args, kwargs)
+            who = fixed_subject if subject_of is None else subject_of(*bound, **named)
+            if not await consume_token(token(*bound, **named), who, backend):
                 raise TokenRejected("the token is unknown, expired, used or someone else's")
             return await fn(*args, **kwargs)
 

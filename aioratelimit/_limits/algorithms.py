@@ -13,7 +13,7 @@ from typing import Any
 from .. import _keys, _scripts
 from .._args import check_int
 from .._backend import Backend
-from .._rates import Rate, RateLike, as_rate
+from .._rates import Rate, RateLike, as_rate, token_bucket
 from .failure import Breaker, Fallback, OnUnavailable
 from .limiter import Limiter
 
@@ -151,8 +151,7 @@ class TokenBucket(Limiter):
     ):
         super().__init__(backend, name, count_denied, blockable)
         self.rate = as_rate(rate)
-        self.burst = self.rate.limit if burst is None else check_int(burst, "burst")
-        interval = -(-self.rate.window_us // self.rate.limit)
+        self.burst, interval = token_bucket(self.rate, burst)
         suffix = _keys.rate_suffix(self.rate.limit, self.rate.window_us, f"/{self.burst}")
         self._suffixes = (suffix,)
         self._args = (self.burst, interval)

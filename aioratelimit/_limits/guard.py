@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
 from .. import _keys, _observe, _scripts
-from .._args import check_int, check_key
+from .._args import check_count, check_key
 from .._backend import Backend, get_backend
 from .._errors import BackendError, BackendUnavailable
 from .._rates import Decision
@@ -37,7 +37,7 @@ Step = Callable[[str, int, int], Awaitable[R]]
 
 def check_cost(cost: object, limit: int) -> int:
     """``cost`` if it is an int that ``limit`` (the largest cost ever admitted) can admit."""
-    check_int(cost, "cost")
+    check_count(cost, "cost")
     assert isinstance(cost, int)
     if cost > limit:
         raise ValueError(f"cost {cost} can never be admitted: it is above the limit {limit}")
@@ -151,7 +151,7 @@ class Guard(Generic[R]):
         if type(key) is not str or not key:
             check_key(key)
         if type(cost) is not int or not 0 < cost <= self.limit:
-            check_int(cost, "cost") if partial else check_cost(cost, self.limit)
+            check_count(cost, "cost") if partial else check_cost(cost, self.limit)
         breaker = self.breaker
         entry = None
         flight: asyncio.Future[Decision | None] | None = None

@@ -13,12 +13,22 @@ around the script call, built only when one of them is on.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from .. import _keys, _observe, _scripts
-from .._args import check_int, check_key, check_seconds, check_timeout, from_us, to_us
+from .._args import (
+    binder,
+    check_count,
+    check_int,
+    check_key,
+    check_seconds,
+    check_timeout,
+    from_us,
+    to_us,
+)
 from .._backend import Backend, get_backend
 from .._errors import RateLimited
 from .._rates import Decision, Rate
@@ -174,7 +184,11 @@ class Limiter:
             keys.append(_keys.block(head, key))
         return keys
 
-    def _check_cost(self, cost: object) -> int:
+    def _check_cost(self, cost: object, partial: bool = False) -> int:
+        """A cost from 1 to the tightest limit, or to 2**50 for a partial hit (which gets
+        what is left)."""
+        if partial:
+            return check_count(cost, "cost")
         return check_cost(cost, self._max_cost)
 
     def _send(self, key: str, cost: int, mode: int, *extra: int) -> Awaitable[Any]:
@@ -188,7 +202,7 @@ class Limiter:
             check_key(key)
         if type(cost) is not int or not 0 < cost <= self._max_cost:
             # A partial hit may ask for more than a limit: it gets what is left.
-            cost = self._check_cost(cost) if mode < _PARTIAL else check_int(cost, "cost")
+            cost = self._check_cost(cost, mode >= _PARTIAL)
         backend = self._backend or get_backend()
         args = (cost, mode, *self._args, *extra)
         return backend._run(self._script, self._keys(backend, key), args)
@@ -333,8 +347,11 @@ class Limiter:
     ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Coroutine[Any, Any, R]]]:
         """Decorate an async function so each call first takes a hit for ``key``.
 
-        ``key`` is a string, or a callable given the function's arguments that returns one.
-        The decorated function is a coroutine function (``asyncio.create_task(job(1))``).
+        ``key`` is a string, or a callable given the call's arguments as the function
+        receives them (defaults filled in) that returns one. A call the function would
+        refuse raises its ``TypeError`` before the hit. The decorated function is a
+        coroutine function (``asyncio.create_task(job(1))``); a plain ``def`` is refused
+        with ``TypeError`` here, not after its body ran.
         """
         if not (isinstance(key, str) or callable(key)):
             raise TypeError(f"key must be a str or a callable, not {type(key).__name__}")
@@ -342,11 +359,17 @@ class Limiter:
             check_key(key)
         self._check_cost(cost)
         check_timeout(timeout)
+        key_of, fixed_key = (None, key) if isinstance(key, str) else (key, "")
 
         def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+            if not inspect.iscoroutinefunction(fn):
+                raise TypeError(f"@limit decorates an async function (async def), not {fn!r}")
+            bind = binder(fn)
+
             @functools.wraps(fn)
             async def limited(*args: P.args, **kwargs: P.kwargs) -> R:
-                k = key(*args, **kwargs) if callable(key) else key
+                bound, named = bind(args, kwargs)
+                k = fixed_key if key_of is None else key_of(*bound, **named)
                 await self.acquire(k, cost, wait=wait, timeout=timeout)
                 return await fn(*args, **kwargs)
 

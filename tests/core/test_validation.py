@@ -6,7 +6,9 @@ ValueError/TypeError also proves nothing was sent."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -105,6 +107,70 @@ def test_rate_rejects_bad_limit_or_window(limit: Any, window: Any, error: type[E
         arl.Rate(limit, window)
 
 
+#: The bounds of what the scripts compute exactly (Lua's doubles): counts up to 2**50,
+#: durations up to 2**50 µs in whole seconds.
+MAX_COUNT, MAX_SECONDS = 2**50, 1_125_899_906
+
+
+@pytest.mark.parametrize(
+    ("limit", "window"),
+    [
+        (MAX_COUNT + 1, 1.0),
+        (2**53 + 1, 60.0),
+        (10**17, 60.0),
+        (sys.maxsize, 60.0),
+        (1, MAX_SECONDS + 1.0),
+        (1, 1e12),
+        (1, 1e300),
+    ],
+)
+def test_rate_beyond_what_the_scripts_compute_exactly(limit: int, window: float) -> None:
+    """A limit above 2**50 or a window above 2**50 µs raises ValueError naming the bound
+    (Lua computes in doubles: past it a decision would be inexact, wrap or fail)."""
+    with pytest.raises(ValueError, match=r"2\*\*50"):
+        arl.Rate(limit, window)
+
+
+def test_the_bounds_themselves_are_accepted() -> None:
+    """2**50 hits, a window of 2**50 µs in whole seconds, and a TokenBucket that refills in
+    2**50 µs are accepted; one more is refused, for a burst too (burst x interval)."""
+    assert arl.Rate(MAX_COUNT, 1.0).limit == MAX_COUNT
+    assert arl.Rate(1, MAX_SECONDS).window_us == MAX_SECONDS * 10**6
+    assert arl.Rate.parse("1/13031d").window == 13031 * 86400.0
+    with pytest.raises(ValueError, match=r"2\*\*50"):
+        arl.Rate.parse("1/13032d")
+    assert arl.TokenBucket(arl.Rate(MAX_COUNT, 1.0), burst=MAX_COUNT).burst == MAX_COUNT
+    assert arl.TokenBucket(arl.Rate(1, 1.0), burst=MAX_COUNT // 10**6).burst == MAX_COUNT // 10**6
+    for burst in (MAX_COUNT // 10**6 + 1, MAX_COUNT + 1):
+        with pytest.raises(ValueError, match=r"2\*\*50"):
+            arl.TokenBucket(arl.Rate(1, 1.0), burst=burst)
+
+
+async def test_counts_and_durations_past_the_bounds_raise_before_io(
+    nowhere: arl.Backend,
+) -> None:
+    """A partial cost above 2**50, and a block, TTL, lease or timeout above 2**50 µs,
+    raise ValueError before any I/O, on every primitive that sends one."""
+    limiter = arl.TokenBucket("5/second", backend=nowhere, blockable=True)
+    too_long = MAX_SECONDS + 1.0
+    with pytest.raises(ValueError, match=r"cost must be <= 2\*\*50"):
+        await limiter.hit("k", MAX_COUNT + 1, partial=True)
+    with pytest.raises(ValueError, match=r"cost must be <= 2\*\*50"):
+        await limiter.peek("k", 10**17, partial=True)
+    with pytest.raises(ValueError, match="seconds must be <="):
+        await limiter.block("k", too_long)
+    with pytest.raises(ValueError, match="timeout must be <="):
+        await limiter.acquire("k", wait=True, timeout=too_long)
+    with pytest.raises(ValueError, match="ttl must be <="):
+        arl.Lock("l", ttl=too_long, backend=nowhere)
+    with pytest.raises(ValueError, match="ttl must be <="):
+        arl.Semaphore("s", ttl=1e12, backend=nowhere)
+    with pytest.raises(ValueError, match="ttl must be <="):
+        await arl.issue_token(ttl=too_long, backend=nowhere)
+    with pytest.raises(ValueError, match="lease must be <="):
+        arl.idempotent(key="k", lease=1e18, backend=nowhere)
+
+
 @pytest.mark.parametrize(
     ("build", "error"),
     [
@@ -152,6 +218,7 @@ BAD_COSTS: list[tuple[Any, type[Exception]]] = [
 
 BAD_KEYS: list[tuple[Any, type[Exception]]] = [
     ("", ValueError),
+    ("ab\udc80", ValueError),  # a lone surrogate: no UTF-8 form, on any backend
     (None, TypeError),
     (42, TypeError),
     (b"bytes", TypeError),
@@ -214,6 +281,48 @@ async def test_bad_key_raises_before_io(limiter: Limiter, key: Any, error: type[
     with pytest.raises(error):
         await endpoint()
     assert not ran
+
+
+@pytest.mark.parametrize("where", ["memory", "redis"])
+async def test_a_key_that_is_not_text_is_refused_alike_on_every_backend(
+    where: str, nowhere: arl.Backend
+) -> None:
+    """A key, name or prefix holding a lone surrogate (no UTF-8 form) raises the same
+    ValueError before any I/O on memory:// as on Redis (not a UnicodeEncodeError from the
+    wire, nor a key memory:// alone would take), for every kind of key."""
+    bad = "user-\udc80"
+    backend = arl.Backend.from_url("memory://") if where == "memory" else nowhere
+
+    @arl.idempotent(key=lambda: bad, backend=backend)
+    async def charge() -> None:
+        raise AssertionError("ran")
+
+    @arl.FixedWindow("5/minute", backend=backend).limit(key=lambda: bad)
+    async def endpoint() -> None:
+        raise AssertionError("ran")
+
+    async def called(call: Callable[[], Any]) -> None:
+        result = call()
+        if asyncio.iscoroutine(result):
+            await result
+
+    calls: list[Callable[[], Any]] = [
+        lambda: arl.FixedWindow("5/minute", backend=backend).hit(bad),
+        lambda: arl.SlidingWindow("5/minute", backend=backend).peek(bad),
+        lambda: arl.TokenBucket("5/minute", backend=backend).reset(bad),
+        lambda: arl.FixedWindow("5/minute", backend=backend, name=bad),
+        lambda: arl.Lock(bad, backend=backend),
+        lambda: arl.Semaphore(bad, backend=backend),
+        charge,
+        endpoint,
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match="lone surrogate") as info:
+            await called(call)
+        assert type(info.value) is ValueError
+    with pytest.raises(ValueError, match="lone surrogate"):
+        arl.Backend.from_url("memory://", prefix=bad)
+    await backend.aclose()
 
 
 @pytest.mark.parametrize(

@@ -160,6 +160,41 @@ async def test_every_key_written_expires(redis_url: str, key: str) -> None:
         await backend._run(_scripts.DELETE, [holders, fences], ())
 
 
+async def test_a_call_prunes_a_bounded_number_of_expired_members(redis_url: str, key: str) -> None:
+    """5,000 expired tombstones (as many releases within a ttl leave) and 30 expired
+    holders: each script call removes at most 100 of them, however many expired, and
+    answers as if they were all gone (the slots are free, the tokens unknown)."""
+    async with arl.Backend.from_url(redis_url) as backend:
+        holders, fences, _ = sem_keys(backend, key)
+        client: Any = backend._store.client  # type: ignore[attr-defined]
+        seconds, micros = await client.time()
+        past = seconds * 1000 + micros // 1000 - 1000  # a second ago, on the server's clock
+        await client.zadd(holders, {f"t{i:04d}": -past for i in range(5_000)})
+        await client.zadd(holders, {f"h{i:02d}": past for i in range(30)})
+        await client.hset(fences, mapping={f"h{i:02d}": 1 for i in range(30)})
+        await client.pexpire(holders, 60_000)
+        await client.pexpire(fences, 60_000)
+        sem = arl.Semaphore(key, limit=1, ttl=30, backend=backend)
+        assert await sem.holders() == 0  # (a read: it prunes nothing)
+        assert await client.zcard(holders) == 5_030
+        lease = await sem.acquire(timeout=0)  # the expired holders hold no slot
+        assert await client.zcard(holders) == 5_030 - 100 + 1
+        assert await client.hlen(fences) == 2  # '#' and the new holder's: theirs went first
+        assert await client.zscore(holders, "h00") is None  # the holders went first
+        await lease.release()
+        assert await client.zcard(holders) == 5_030 - 200 + 1
+        # A tombstone that expired answers as no tombstone: a release of its token now
+        # is "not held" (and writes a new one), not "released before".
+        stale = "t0000"  # (equal scores: ZREVRANGEBYSCORE prunes t4999 first, t0000 last)
+        assert await client.zscore(holders, stale) == -past
+        code = await backend._run(
+            _scripts.SEMAPHORE_RELEASE, [holders, fences], (stale, 5_000, "ch", "PUBLISH")
+        )
+        assert code == 0
+        assert await client.zcard(holders) == 5_030 - 300 + 1
+        await backend._run(_scripts.DELETE, [holders, fences], ())
+
+
 async def test_200_random_cancellations_leave_no_slot_held(backend: arl.Backend, key: str) -> None:
     """Acquires cancelled at random points, on a free or a full semaphore, never leave a slot
     held by them: checked at once, with a 60 s ttl."""

@@ -68,6 +68,7 @@ from aioratelimit._idempotency.store import Claimed, IdempotencyStore, _fingerpr
 from aioratelimit._idempotency.tokens import _subject
 from aioratelimit._scripts import HELPERS, SCRIPTS, Arg, Reply, Script
 from aioratelimit._stores.memory.keyspace import Keyspace, expired
+from aioratelimit._stores.memory.locks import PRUNE_MAX
 from aioratelimit._stores.memory.store import MemoryStore, twins
 
 #: 2026-01-01T00:00:00Z in µs: a realistic clock, so fences and TATs carry 16 digits as in
@@ -316,7 +317,7 @@ class Pair:
 
     def run(
         self, script: Script, keys: Sequence[str], args: tuple[Arg, ...], *, states: bool = True
-    ) -> list[Any]:
+    ) -> Any:
         """``script`` on both sides: the replies must be equal, and with ``states`` the first
         key's state too; the reply, normalised."""
         lua = self.client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
@@ -326,7 +327,7 @@ class Pair:
         if states:
             (state, *_) = lua_states(self.client, keys[:1])
             assert twin_state(self.store.keyspace, keys[0], self.clock.now_us) == state, where
-        return list(normal(lua))
+        return normal(lua)
 
 
 @contextmanager
@@ -1192,7 +1193,9 @@ def test_a_sliding_window_opens_the_next_bucket_though_its_ring_has_room() -> No
         clock = pair.clock
 
         def both(cost: int, mode: int) -> list[Any]:
-            return pair.run(SCRIPTS["sliding_window"], keys, (cost, mode, n, *rate_args((rate,))))
+            reply = pair.run(SCRIPTS["sliding_window"], keys, (cost, mode, n, *rate_args((rate,))))
+            assert isinstance(reply, list)
+            return reply
 
         clock.now_us = (T0 // b + 1) * b + 10  # just inside a bucket
         assert both(1, 1)[:3] == [1, 5, 4]  # a new ring
@@ -1221,3 +1224,39 @@ def test_a_hit_without_max_wait_one_microsecond_early_is_denied() -> None:
         assert both((1, 1, 1, interval))[:5] == [0, 1, 0, 1, 1]
         pair.clock.now_us += 1
         assert both((1, 1, 1, interval))[0] == 1
+
+
+def test_a_prune_takes_at_most_prune_max_members_in_the_luas_order() -> None:
+    """30 expired holders and 250 expired tombstones, many on equal scores, beside a live
+    holder: each call prunes at most PRUNE_MAX of them, the holders first, then the
+    tombstones soonest expired first and, on equal scores, by member descending; the same
+    members and fences on the Lua and on the twin, and the same answers as if all were gone."""
+    holders, fences, channel = semaphore_names("S1")
+    keys = (holders, fences)
+    with side_by_side() as pair:
+
+        def both(name: str, args: tuple[Arg, ...]) -> Any:
+            reply = pair.run(SCRIPTS[name], keys, args)
+            (lua,) = lua_states(pair.client, keys[1:])
+            assert twin_state(pair.store.keyspace, fences, pair.clock.now_us) == lua
+            return reply
+
+        def members() -> int:
+            (zset,) = lua_states(pair.client, keys[:1])
+            assert zset is not None
+            return len(zset[1])
+
+        assert both("semaphore_acquire", ("keeper", 60_000, 1000))[0] == 1
+        for i in range(30):
+            assert both("semaphore_acquire", (f"h{i:02d}", 5 + i % 2, 1000))[0] == 1
+        for i in range(250):
+            assert both("semaphore_release", (f"t{i:03d}", 5 + i % 3, channel, "PUBLISH")) == 0
+        pair.clock.now_us += 10_000  # all but the keeper have expired
+        assert pair.run(SCRIPTS["semaphore_holders"], keys[:1], ()) == 1
+        assert both("semaphore_acquire", ("new", 30_000, 2))[0] == 1
+        assert members() == 281 - PRUNE_MAX + 1
+        assert both("semaphore_release", ("t000", 5, channel, "PUBLISH")) == 0  # expired
+        assert members() == 281 - 2 * PRUNE_MAX + 2
+        assert both("semaphore_release", ("new", 5, channel, "PUBLISH")) == 1
+        assert both("semaphore_extend", ("new", 5)) == 0
+        assert members() == 3  # the keeper and two live tombstones

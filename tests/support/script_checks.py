@@ -37,7 +37,8 @@ KEY_ARGS = {
     "ZCOUNT": "first",
     "ZRANGE": "first",
     "ZRANGEBYSCORE": "first",
-    "ZREMRANGEBYSCORE": "first",
+    "ZREVRANGEBYSCORE": "first",
+    "ZREM": "first",
     "ZSCORE": "first",
     "TIME": "none",
     "PUBLISH": "none",  # a channel, not a key (under the prefix: the ACL's &arl:*)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 
 from ..._scripts import Arg, Released, Reply
@@ -84,18 +85,92 @@ def lock_locked(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int
 
 # -- lua/semaphore_*.lua -------------------------------------------------------------------
 
+#: The most expired members one call prunes (``PRUNE_MAX`` of ``lua/semaphore_common.lua``).
+PRUNE_MAX = 100
+
+
+class _Descending:
+    """A member in a heap, ordered as ZREVRANGEBYSCORE orders members of equal score:
+    reversed (code points, which is UTF-8's byte order)."""
+
+    __slots__ = ("member",)
+
+    def __init__(self, member: str) -> None:
+        self.member = member
+
+    def __lt__(self, other: _Descending) -> bool:
+        return self.member > other.member
+
+
+class Holders(dict[str, int]):
+    """A semaphore's ZSET (member -> score: a holder's expiry, or minus its tombstone's),
+    indexed for the twins as Redis's skiplist serves the Lua: the members with a positive
+    score (at most about ``limit`` of them, expired ones until pruned) apart, and the
+    tombstones on a heap by expiry, so that a call never walks every tombstone. Written only
+    through ``add`` and ``remove`` (the heap's entries are checked against the dict when
+    popped: one left by a member since rescored or removed is skipped)."""
+
+    __slots__ = ("held", "tomb_max", "tombs")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: dict[str, int] = {}
+        self.tombs: list[tuple[int, _Descending]] = []
+        #: the latest expiry of any tombstone added: while it is ahead of the clock it is
+        #: a live one's, and the latest of all (only an expired tombstone is ever removed)
+        self.tomb_max = 0
+
+    def add(self, member: str, score: int) -> None:
+        """ZADD (a new score for a member already in the set too)."""
+        self[member] = score
+        if score > 0:
+            self.held[member] = score
+        else:
+            self.held.pop(member, None)
+            heapq.heappush(self.tombs, (-score, _Descending(member)))
+            if -score > self.tomb_max:
+                self.tomb_max = -score
+
+    def remove(self, member: str) -> None:
+        """ZREM."""
+        del self[member]
+        self.held.pop(member, None)
+
+    def prune(self, now_ms: int) -> list[str]:
+        """``prune``'s choice: at most PRUNE_MAX expired members, the holders first (by
+        score, then member: ZRANGEBYSCORE), then the tombstones (by score descending, then
+        member descending: ZREVRANGEBYSCORE)."""
+        gone = [m for _, m in sorted((s, m) for m, s in self.held.items() if s <= now_ms)]
+        del gone[PRUNE_MAX:]
+        tombs = self.tombs
+        while len(gone) < PRUNE_MAX and tombs and tombs[0][0] <= now_ms:
+            expiry, entry = heapq.heappop(tombs)
+            if self.get(entry.member) == -expiry:  # else a stale entry
+                gone.append(entry.member)
+        return gone
+
+    def live(self, now_ms: int) -> list[int]:
+        """The scores of the live holders (ZRANGEBYSCORE (now +inf)."""
+        return [s for s in self.held.values() if s > now_ms]
+
+    def latest(self) -> int:
+        """``expire_at_latest``'s: the latest expiry of any member."""
+        return max(max(self.held.values(), default=0), self.tomb_max)
+
 
 def _prune(ks: Keyspace, keys: Sequence[str], now: int) -> None:
-    """Drop expired holders and tombstones (|score| <= now) and the holders' fences."""
-    now_ms = now // 1000
-    holders: dict[str, int] | None = ks.get(keys[0], now)
-    gone = [m for m, s in (holders or {}).items() if -now_ms <= s <= now_ms]
-    if holders and gone:
+    """Drop at most PRUNE_MAX expired holders and tombstones (|score| <= now), and their
+    fences."""
+    holders: Holders | None = ks.get(keys[0], now)
+    if not holders:
+        return
+    gone = holders.prune(now // 1000)
+    if gone:
         fences: dict[str, int] | None = ks.get(keys[1], now)
         for member in gone:
             if fences is not None:
                 fences.pop(member, None)
-            del holders[member]
+            holders.remove(member)
         if fences is not None and not fences:
             ks.delete(keys[1], now)
         if not holders:
@@ -104,13 +179,16 @@ def _prune(ks: Keyspace, keys: Sequence[str], now: int) -> None:
 
 def _expire_at_latest(ks: Keyspace, keys: Sequence[str], now: int) -> None:
     """Both keys live exactly as long as their longest-lived member."""
-    holders: dict[str, int] | None = ks.get(keys[0], now)
-    latest = 0
-    if holders:
-        latest = max(latest, max(holders.values()), -min(holders.values()))
+    holders: Holders | None = ks.get(keys[0], now)
+    latest = holders.latest() if holders else 0
     if latest > 0:
         ks.pexpireat(keys[0], latest)
         ks.pexpireat(keys[1], latest)
+
+
+def _score(holders: Holders | None, token: str) -> int:
+    """ZSCORE, 0 for none (no member scores 0)."""
+    return holders.get(token, 0) if holders else 0
 
 
 # -- lua/semaphore_acquire.lua -------------------------------------------------------------
@@ -120,16 +198,16 @@ def semaphore_acquire(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], no
     token, ttl, limit = str(args[0]), int(args[1]), int(args[2])
     now_ms = now // 1000
     _prune(ks, keys, now)
-    holders: dict[str, int] | None = ks.get(keys[0], now)
+    holders: Holders | None = ks.get(keys[0], now)
     fences: dict[str, int] | None = ks.get(keys[1], now)
-    score = holders.get(token) if holders else None
-    if holders is not None and score is not None:
-        if score > 0:
-            holders[token] = now_ms + ttl
-            _expire_at_latest(ks, keys, now)
-            return [1, (fences or {}).get(token, 0)]
+    score = _score(holders, token)
+    if holders is not None and score > now_ms:
+        holders.add(token, now_ms + ttl)
+        _expire_at_latest(ks, keys, now)
+        return [1, (fences or {}).get(token, 0)]
+    if score < -now_ms:
         return [0, -score - now_ms]
-    live = [s for s in (holders or {}).values() if s > 0]
+    live = holders.live(now_ms) if holders else []
     if len(live) >= limit:
         return [0, min(live) - now_ms]
     fence = (fences or {}).get("#", 0) + 1
@@ -141,9 +219,9 @@ def semaphore_acquire(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], no
     fences["#"] = fence
     fences[token] = fence
     if holders is None:
-        holders = {}
+        holders = Holders()
         ks.set(keys[0], holders)
-    holders[token] = now_ms + ttl
+    holders.add(token, now_ms + ttl)
     _expire_at_latest(ks, keys, now)
     return [1, fence]
 
@@ -153,18 +231,17 @@ def semaphore_acquire(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], no
 
 def semaphore_release(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
     token, tomb_ms, channel = str(args[0]), int(args[1]), str(args[2])
+    now_ms = now // 1000
     _prune(ks, keys, now)
-    holders: dict[str, int] | None = ks.get(keys[0], now)
-    score = holders.get(token) if holders else None
-    if score is not None and score < 0:
+    holders: Holders | None = ks.get(keys[0], now)
+    score = _score(holders, token)
+    if score < -now_ms:
         return Released.RELEASED_BEFORE
-    code = Released.NOT_HELD
-    if score is not None:
-        code = Released.RELEASED
+    code = Released.RELEASED if score > now_ms else Released.NOT_HELD
     if holders is None:
-        holders = {}
+        holders = Holders()
         ks.set(keys[0], holders)
-    holders[token] = -(now // 1000 + tomb_ms)
+    holders.add(token, -(now_ms + tomb_ms))
     fences: dict[str, int] | None = ks.get(keys[1], now)
     if fences is not None:
         fences.pop(token, None)
@@ -180,11 +257,11 @@ def semaphore_release(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], no
 
 def semaphore_extend(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
     token, ttl = str(args[0]), int(args[1])
+    now_ms = now // 1000
     _prune(ks, keys, now)
-    holders: dict[str, int] | None = ks.get(keys[0], now)
-    score = holders.get(token) if holders else None
-    if holders and score is not None and score > 0:
-        holders[token] = now // 1000 + ttl
+    holders: Holders | None = ks.get(keys[0], now)
+    if holders is not None and _score(holders, token) > now_ms:
+        holders.add(token, now_ms + ttl)
         _expire_at_latest(ks, keys, now)
         return 1
     return 0
@@ -194,8 +271,8 @@ def semaphore_extend(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now
 
 
 def semaphore_holders(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
-    holders: dict[str, int] | None = ks.get(keys[0], now)
-    return sum(1 for s in (holders or {}).values() if s > now // 1000)
+    holders: Holders | None = ks.get(keys[0], now)
+    return len(holders.live(now // 1000)) if holders else 0
 
 
 # -- lua/semaphore_list.lua ----------------------------------------------------------------
@@ -203,10 +280,10 @@ def semaphore_holders(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], no
 
 def semaphore_list(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
     now_ms = now // 1000
-    holders: dict[str, int] | None = ks.get(keys[0], now)
+    holders: Holders | None = ks.get(keys[0], now)
     fences: dict[str, int] = ks.get(keys[1], now) or {}
     # ZRANGEBYSCORE's order: by score, then by member
-    live = sorted((s, m) for m, s in (holders or {}).items() if s > now_ms)
+    live = sorted((s, m) for m, s in (holders.held if holders else {}).items() if s > now_ms)
     reply: list[int] = []
     for score, member in live:
         reply += [fences.get(member, 0), score - now_ms]

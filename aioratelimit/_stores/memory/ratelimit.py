@@ -121,8 +121,7 @@ def _fixed_window_one(
         return [0, limit, rem, reset, reset, now, 0]
     if mode >= 1:
         if fresh:
-            ks.data[key] = cost
-            ks.exp[key] = ceil_div(ends_at, 1000)
+            ks.set(key, cost, ceil_div(ends_at, 1000))
         else:
             ks.data[key] = count + cost
     return [1, limit, rem - cost, reset, 0, now, cost]

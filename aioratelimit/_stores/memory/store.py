@@ -8,8 +8,12 @@ from those names, and ``tests/stores/test_oracle.py`` runs the real Lua (fakered
 against every twin.
 
 Keys expire by Redis's rule (``keyspace``); expired keys are dropped when touched and by an
-amortised sweep, so memory stays bounded by the keys that are live. A ``threading.Lock``
-makes each script atomic even when one store serves several event loops of one process.
+incremental sweep (a few dozen keys at most per call), so memory follows the keys that are
+live. ``max_keys`` caps the keys held: a call that would create one more raises
+``BackendError``, as a Redis server at its ``maxmemory`` refuses writes, and changes nothing;
+no key is ever evicted to make room (a limit that forgot its counts would over-admit). A
+``threading.Lock`` makes each script atomic even when one store serves several event loops
+of one process.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import ModuleType
+from urllib.parse import parse_qsl, urlsplit
 
+from ..._errors import BackendError
 from ..._scripts import SCRIPTS, Arg, OnCall, Reply, Script
 from ..base import observed
 from ..notify import Notifier
@@ -84,15 +90,57 @@ class AnchoredClock:
 _monotonic_ns = time.monotonic_ns
 
 
-class MemoryStore:
-    """An in-process store with the semantics of the Lua scripts."""
+#: The scripts that may create keys, and how many of their first KEYS they may create
+#: (``max_keys``): a limiter's hit its rates' counters (a peek writes nothing; the block
+#: key after them only a block writes), an acquisition, a claim, an issued token, a block,
+#: and a release's tombstone where nothing was held (both of a semaphore's keys on an
+#: acquisition, only its holders on a release). The others (refunds, renewals,
+#: completions, reads) only change or remove keys an earlier call made.
+_CREATES: dict[str, Callable[[Sequence[Arg]], int]] = {
+    "fixed_window": lambda args: 0 if int(args[1]) % 4 == 0 else (len(args) - 2) // 2,
+    "sliding_window": lambda args: 0 if int(args[1]) % 4 == 0 else (len(args) - 3) // 2,
+    "token_bucket": lambda args: 0 if int(args[1]) % 4 == 0 else 1,
+    "limiter_block": lambda args: 1,
+    "lock_acquire": lambda args: 1,
+    "lock_release": lambda args: 1,
+    "semaphore_acquire": lambda args: 2,
+    "semaphore_release": lambda args: 1,
+    "token_issue": lambda args: 1,
+    "idem_claim": lambda args: 1,
+}
 
-    __slots__ = ("_clock", "_lock", "_offset", "_ops", "keyspace", "notifier")
+
+def memory_options(url: str) -> dict[str, int]:
+    """The options of a ``memory://`` URL (``memory://?max_keys=100000``), by name."""
+    options: dict[str, int] = {}
+    for name, value in parse_qsl(urlsplit(url).query, keep_blank_values=True):
+        if name != "max_keys":
+            raise ValueError(f"unknown memory:// option {name!r}: the one option is max_keys")
+        if not value.isdigit():
+            raise ValueError(f"memory:// max_keys must be a whole number, got {value!r}")
+        options[name] = int(value)
+    return options
+
+
+class MemoryStore:
+    """An in-process store with the semantics of the Lua scripts. ``max_keys``: the most
+    keys it holds (None: no cap); a call that would create one more raises ``BackendError``
+    and changes nothing."""
+
+    __slots__ = ("_clock", "_lock", "_offset", "keyspace", "max_keys", "notifier")
 
     #: memory:// has no cluster: wake-ups are published in-process (see ``Backend``)
     publish_command = "PUBLISH"
 
-    def __init__(self, clock: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self, clock: Callable[[], int] | None = None, *, max_keys: int | None = None
+    ) -> None:
+        if max_keys is not None:
+            if isinstance(max_keys, bool) or not isinstance(max_keys, int):
+                raise TypeError(f"max_keys must be an int or None, not {type(max_keys).__name__}")
+            if max_keys < 1:
+                raise ValueError(f"max_keys must be >= 1, got {max_keys}")
+        self.max_keys = max_keys
         self._clock = AnchoredClock() if clock is None else clock
         #: the default clock's offset, which ``run`` reads inline (None: a clock passed in)
         self._offset = self._clock.offset if isinstance(self._clock, AnchoredClock) else None
@@ -100,10 +148,10 @@ class MemoryStore:
         self.notifier = Notifier(None)
         self.keyspace = Keyspace(self.notifier.deliver)
         self._lock = threading.Lock()
-        self._ops = 0
 
     def __repr__(self) -> str:
-        return f"<MemoryStore keys={len(self.keyspace.data)}>"
+        cap = "" if self.max_keys is None else f" max_keys={self.max_keys}"
+        return f"<MemoryStore keys={len(self.keyspace.data)}{cap}>"
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         """Run the Python twin of ``script`` atomically on the store's clock."""
@@ -112,11 +160,30 @@ class MemoryStore:
         with self._lock:
             # The default clock read inline (a Python call less per decision).
             now = (_monotonic_ns() + offset) // 1000 if offset is not None else self._clock()
-            self._ops += 1
-            if self._ops > 1024 and self._ops > len(self.keyspace.data):
-                self.keyspace.sweep(now)
-                self._ops = 0
-            return twin(self.keyspace, keys, args, now)
+            ks = self.keyspace
+            if now >= ks.due_us:  # a slot of expiries has passed: a step of the sweep
+                ks.sweep(now)
+            if self.max_keys is not None and len(ks.data) + len(keys) > self.max_keys:
+                self._make_room(script, keys, args, now)
+            return twin(ks, keys, args, now)
+
+    def _make_room(
+        self, script: Script, keys: Sequence[str], args: Sequence[Arg], now: int
+    ) -> None:
+        """Raise ``BackendError`` if this call may create keys past ``max_keys``."""
+        assert self.max_keys is not None
+        ks = self.keyspace
+        creates = _CREATES.get(script.name)
+        if creates is None:
+            return
+        new = sum(1 for key in keys[: creates(args)] if ks.get(key, now) is None)
+        if not new or len(ks.data) + new <= self.max_keys:
+            return
+        raise BackendError(
+            f"memory:// is full: it holds {len(ks.data)} keys (max_keys={self.max_keys})"
+            f" and {script.name} would create {new} more; nothing was changed. Raise max_keys"
+            " (memory://?max_keys=...), or shorten the windows and TTLs that keep keys live"
+        )
 
     async def aclose(self) -> None:
         await self.notifier.aclose()
@@ -131,8 +198,14 @@ class ObservedMemoryStore(MemoryStore):
 
     __slots__ = ("_on_call",)
 
-    def __init__(self, on_call: OnCall, clock: Callable[[], int] | None = None) -> None:
-        super().__init__(clock)
+    def __init__(
+        self,
+        on_call: OnCall,
+        clock: Callable[[], int] | None = None,
+        *,
+        max_keys: int | None = None,
+    ) -> None:
+        super().__init__(clock, max_keys=max_keys)
         self._on_call = on_call
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
