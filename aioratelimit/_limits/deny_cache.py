@@ -207,7 +207,7 @@ def start_watch(
 ) -> asyncio.Task[None]:
     """Subscribe ``entry`` to ``channel`` (at once in-process) and start its watcher."""
     loop = asyncio.get_running_loop()
-    sub = entry.sub = notifier.subscribe(channel, wake_all=True)
+    sub = entry.sub = notifier.subscribe(channel)
     if notifier.attach(sub):  # memory://: it hears every reset from now on
         entry.epoch = notifier.epoch
         entry.armed_at = clock()

@@ -1,12 +1,12 @@
-"""Wake-ups: one shared pub/sub subscriber per backend, fanned out to local waiters.
+"""Wake-ups: one shared pub/sub subscriber per backend, fanned out to local subscriptions.
 
 Scripts that free something (a lock release, an idempotent call completing) PUBLISH on a
 channel named in ``_keys``; waiters subscribe to that channel here instead of polling. A
 backend has ONE subscriber connection (never a pooled one), read by one background task;
-a waiter holds no connection while it waits. Within a process a message wakes either ONE
-waiter of the channel (``wake_all=False``: the oldest waiter not already woken, so a release
-does not stampede every task) or every waiter (``wake_all=True``, e.g. callers waiting for a
-stored result). A lost message is covered by the caller's own fallback timeout.
+a waiter holds no connection while it waits. A message wakes every local subscription of
+its channel; a lock's waiters share one subscription per line (``_locks.line``), so a
+release wakes one waiter per process. A lost message is covered by the caller's own
+fallback timer.
 
 Bounded: a new subscription waits for the server's confirmation at most ``CONFIRM_TIMEOUT``
 (the SUBSCRIBE itself, and the connect before it, run in the background, bounded by
@@ -54,21 +54,21 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 
 
 class Subscription:
-    """One local waiter on one channel; ``wait()`` returns True once per delivered message."""
+    """One local listener on one channel; ``wait()`` returns True once per message
+    delivered since it last returned (messages in between count once)."""
 
-    __slots__ = ("_notifier", "_waiter", "channel", "message", "wake_all", "woken")
+    __slots__ = ("_notifier", "_waiter", "channel", "message", "woken")
 
-    def __init__(self, notifier: Notifier, channel: str, wake_all: bool) -> None:
+    def __init__(self, notifier: Notifier, channel: str) -> None:
         self._notifier = notifier
         self.channel = channel
-        self.wake_all = wake_all
         #: a message was delivered that ``wait`` has not returned yet (read, never set,
         #: outside this module: a plain attribute, the deny cache reads it on every answer)
         self.woken = False
         # The future ``wait`` sleeps on (a plain future: unlike asyncio.wait_for before
         # Python 3.12, awaiting it never swallows a cancellation that comes with a message).
         self._waiter: asyncio.Future[None] | None = None
-        #: the payload of the last message delivered to this waiter
+        #: the payload of the last message delivered to this listener
         self.message: bytes | None = None
 
     def _wake(self, payload: bytes) -> None:
@@ -97,10 +97,14 @@ class Subscription:
         self.woken = False
         return True
 
+    def close(self) -> None:
+        """Stop listening (``__aexit__`` without the await; closing twice is harmless)."""
+        self._notifier._remove(self)
+
     async def __aenter__(self) -> Subscription:
         try:
             await self._notifier._add(self)
-        except BaseException:  # cancelled while subscribing: leave no dead waiter behind
+        except BaseException:  # cancelled while subscribing: leave no dead listener behind
             self._notifier._remove(self)
             raise
         return self
@@ -114,7 +118,7 @@ class Subscription:
         self._notifier._remove(self)
 
     def __repr__(self) -> str:
-        return f"<Subscription {self.channel!r} woken={self.woken} wake_all={self.wake_all}>"
+        return f"<Subscription {self.channel!r} woken={self.woken}>"
 
 
 class Notifier:
@@ -126,7 +130,6 @@ class Notifier:
 
     __slots__ = (
         "_bound",
-        "_busy",
         "_closed",
         "_confirmed",
         "_factory",
@@ -149,9 +152,8 @@ class Notifier:
         self._bound = bound
         #: seconds between two probes of the subscriber (see the module)
         self.check_every = CHECK_EVERY
-        # Acquires in flight in this process per channel (see ``arrive``).
-        self._busy: dict[str, int] = {}
-        self._subs: dict[str, list[Subscription]] = {}
+        # channel -> its local subscriptions, as an ordered set (O(1) to join and to leave)
+        self._subs: dict[str, dict[Subscription, None]] = {}
         self._pubsub: Any = None
         self._reader: asyncio.Task[None] | None = None
         self._confirmed: dict[str, asyncio.Future[None]] = {}
@@ -164,9 +166,9 @@ class Notifier:
         #: miss a message (the deny cache) trusts only what it learned in the same epoch
         self.epoch = 0
 
-    def subscribe(self, channel: str, *, wake_all: bool = False) -> Subscription:
+    def subscribe(self, channel: str) -> Subscription:
         """A subscription to enter with ``async with`` before the attempt it guards."""
-        return Subscription(self, channel, wake_all)
+        return Subscription(self, channel)
 
     def confirmed(self, channel: str) -> bool:
         """Is ``channel`` subscribed on the server now (always, in-process)? A subscription
@@ -181,37 +183,17 @@ class Notifier:
         hears every message from here on); else False, and ``async with sub`` it."""
         if self._factory is not None:
             return False
-        self._subs.setdefault(sub.channel, []).append(sub)
+        self._subs.setdefault(sub.channel, {})[sub] = None
         return True
 
-    def arrive(self, channel: str) -> int:
-        """Count one more acquire in flight on ``channel`` in this process; returns how many
-        were there before it. A newcomer that finds others subscribes before its first try
-        instead of after it (one script less per contended acquisition)."""
-        others = self._busy.get(channel, 0)
-        self._busy[channel] = others + 1
-        return others
-
-    def depart(self, channel: str) -> None:
-        """The acquire counted by ``arrive`` is over."""
-        left = self._busy.pop(channel) - 1
-        if left:
-            self._busy[channel] = left
-
     def deliver(self, channel: str, payload: bytes | str = b"") -> None:
-        """Hand one published message to the local waiters of ``channel``."""
+        """Hand one published message to every local subscription of ``channel``."""
         subs = self._subs.get(channel)
         if not subs:
             return
         data = payload.encode() if isinstance(payload, str) else payload
-        one: Subscription | None = None
         for sub in subs:
-            if sub.wake_all:
-                sub._wake(data)
-            elif one is None and not sub.woken:
-                one = sub
-        if one is not None:
-            one._wake(data)
+            sub._wake(data)
 
     # -- subscription bookkeeping ----------------------------------------------------------
 
@@ -233,8 +215,7 @@ class Notifier:
         loop = asyncio.get_running_loop()
         if self._factory is not None and loop is not self._loop:
             self._adopt(loop)
-        subs = self._subs.setdefault(sub.channel, [])
-        subs.append(sub)
+        self._subs.setdefault(sub.channel, {})[sub] = None
         if self._factory is None or self._closed:
             return
         confirmed = self._confirmed.get(sub.channel)
@@ -257,10 +238,8 @@ class Notifier:
 
     def _remove(self, sub: Subscription) -> None:
         subs = self._subs.get(sub.channel)
-        if subs is None:
+        if subs is None or subs.pop(sub, False) is False:
             return
-        with contextlib.suppress(ValueError):
-            subs.remove(sub)
         if not subs:
             del self._subs[sub.channel]
             fut = self._confirmed.pop(sub.channel, None)
@@ -412,5 +391,5 @@ class Notifier:
                 await task
         await self._drop_pubsub()
         for subs in list(self._subs.values()):
-            for sub in subs:
+            for sub in list(subs):
                 sub._wake(b"")

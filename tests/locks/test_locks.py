@@ -21,10 +21,18 @@ from support.servers import RedisServer
 
 import aioratelimit as arl
 from aioratelimit import _keys, _scripts
+from aioratelimit._locks import line as _line
 
 
 def lock_keys(backend: arl.Backend, name: str) -> tuple[str, str]:
     return _keys.lock(backend._head(_keys.LOCK_KIND), name)
+
+
+def waiting(backend: arl.Backend, name: str) -> int:
+    """How many acquires of the lock ``name`` wait in its line in this process."""
+    channel = lock_keys(backend, name)[1]
+    found = _line._lines.get(asyncio.get_running_loop(), {}).get((backend._notifier, channel, 0))
+    return 0 if found is None else len(found.waiters)
 
 
 async def delete(backend: arl.Backend, *keys: str) -> None:
@@ -379,7 +387,8 @@ async def test_50_waiters_share_a_pool_of_4(redis_url: str, key: str) -> None:
                 done.append(i)
 
         tasks = [asyncio.create_task(waiter(i)) for i in range(50)]
-        await asleep(backend, count=50)  # all of them wait (none still trying, on a connection)
+        await asleep(backend)  # the line's head has tried, subscribed and sleeps ...
+        await until(lambda: waiting(backend, key) == 50, what="50 waiters in line")  # ... all
         limiter = arl.FixedWindow("1000/minute", backend=backend)
         for _ in range(10):
             assert (await asyncio.wait_for(limiter.hit(key), 2)).allowed
