@@ -17,7 +17,8 @@ The waiters behind the head send nothing; joining and leaving the line cost O(1)
 holds no connection while it waits.
 
 Cancellation: a cancelled or failed acquire may have reached the server with only its reply
-lost, so it is followed by a release with the same token; a cancelled release is sent again.
+lost, so it is followed by a release with the same token (unless it provably never left: its
+connection was refused); a cancelled release is sent again.
 Both run in a shielded task that the caller waits for, then the cancellation goes on. A
 release whose reply was lost is sent again too (``Backend._run_repeatable``).
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Sequence
 
 from .. import _keys, _observe, _scripts
@@ -58,6 +60,17 @@ def _wait_time(wait_ms: int) -> float:
     if wait_ms < 0:
         return FALLBACK_WAIT
     return min(max((wait_ms + 1) / 1000, MIN_WAIT), FALLBACK_WAIT)
+
+
+def _never_sent(exc: BaseException) -> bool:
+    """Whether a failed call provably never reached the server: the backend's own
+    transport could not connect (refused, or no such host). It raises those socket errors
+    as they come and never sends a call twice; redis-py wraps them in errors of its own,
+    and a client passed in may have sent the call before a retry failed that way: those
+    prove nothing. Nor does a timeout: a reply that never came times out the same way."""
+    return isinstance(exc, BackendUnavailable) and isinstance(
+        exc.__cause__, (ConnectionRefusedError, socket.gaierror)
+    )
 
 
 class _Resource:
@@ -173,7 +186,9 @@ class _Resource:
             reply = await backend._run(self._acquire_script, names.acquire_keys, args)
             cancel_requested(base)
             return reply
-        except BaseException:
+        except BaseException as exc:
+            if _never_sent(exc):
+                raise  # nothing to take back (an outage: no release, resends nor wait)
             # The script may have run with only its reply lost: release the same token
             # (harmless if it never arrived: the tombstone also bars a late copy of it).
             # Waited for at most the backend's timeout (or what is left of the acquire's

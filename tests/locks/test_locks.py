@@ -7,6 +7,7 @@ import asyncio
 import base64
 import contextlib
 import itertools
+import logging
 import multiprocessing
 import os
 import random
@@ -17,7 +18,7 @@ import pytest
 import redis.asyncio as aredis
 from support import loops
 from support.pace import asleep, pace, until
-from support.servers import RedisServer
+from support.servers import RedisServer, free_port
 
 import aioratelimit as arl
 from aioratelimit import _keys, _scripts
@@ -459,6 +460,25 @@ async def test_cancelled_acquire_whose_script_ran_is_released(
         assert not await lk.locked()
         lease = await lk.acquire(timeout=0)
         await lease.release()
+
+
+@pytest.mark.parametrize("kind", ["lock", "semaphore"])
+async def test_an_acquire_that_never_reached_the_server_sends_no_release(
+    kind: str, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """During an outage (nothing listens: every connect is refused), a failed acquire
+    never left the process, so no release follows it: one script call each, no resends
+    and no warning about them."""
+    calls: list[str] = []
+    url = f"redis://127.0.0.1:{free_port()}"
+    # (A backend timeout of 10 s: a loaded machine never turns a refusal into a timeout.)
+    async with arl.Backend.from_url(url, timeout=10, on_call=lambda c: calls.append(c.script)) as b:
+        res = arl.Lock(key, backend=b) if kind == "lock" else arl.Semaphore(key, backend=b)
+        for timeout in (0, 1, None):
+            with pytest.raises(arl.BackendUnavailable):
+                await res.acquire(timeout=timeout)
+    assert calls == [f"{kind}_acquire"] * 3
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 async def test_caller_timeout_around_acquire_releases(own_redis: RedisServer, key: str) -> None:
