@@ -222,7 +222,7 @@ class IdempotencyStore:
         _, channel = self._keys(backend, key)
         # Subscribed (and confirmed) before the claim it guards: a completion published
         # between that claim and the wait still wakes this waiter.
-        async with backend._notifier.subscribe(channel, wake_all=True) as sub:
+        async with backend._notifier.subscribe(channel) as sub:
             while True:
                 outcome = await self.claim(key, fingerprint, _until=until)
                 if not isinstance(outcome, InProgress):

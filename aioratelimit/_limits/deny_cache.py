@@ -31,7 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .._rates import Decision, new_decision
-from .._stores.notify import Notifier, Subscription
+from .._stores.notify import Notifier
+from .._stores.subscription import Subscription
 
 #: The cache's clock (seconds): when a call was sent, until when a denial holds. Not the
 #: loop's: uvloop's ``loop.time()`` has millisecond resolution, and this one is cheaper.
@@ -207,7 +208,7 @@ def start_watch(
 ) -> asyncio.Task[None]:
     """Subscribe ``entry`` to ``channel`` (at once in-process) and start its watcher."""
     loop = asyncio.get_running_loop()
-    sub = entry.sub = notifier.subscribe(channel, wake_all=True)
+    sub = entry.sub = notifier.subscribe(channel)
     if notifier.attach(sub):  # memory://: it hears every reset from now on
         entry.epoch = notifier.epoch
         entry.armed_at = clock()

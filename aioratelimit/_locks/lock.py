@@ -7,15 +7,18 @@ script (``lua/lock_*.lua``, ``lua/semaphore_*.lua``) that is safe to send twice:
 again with the token that holds returns the same fence, and releasing leaves a tombstone so a
 repeated release is recognised (and a late copy of a cancelled acquire takes nothing).
 
-Waiting: try once; if held, subscribe to the name's wake-up channel (the backend's
-``Notifier``: one shared subscriber per backend, wake-one per process), try again, then
-sleep until woken or until the holder's TTL (at most ``FALLBACK_WAIT``) has passed. An
-acquire that finds another acquire of the same name in flight in this process
-(``Notifier.arrive``) subscribes before its first try instead. A waiter holds no
-connection while it waits.
+Waiting (``line``): the acquires of one name waiting in one process stand in one line, and
+only its head asks the server. Subscribed to the name's wake-up channel (the backend's
+``Notifier``: one shared subscriber per backend), the head tries, then sleeps until a release
+wakes it or the holder's TTL (at most ``FALLBACK_WAIT``) has passed, which covers a lost
+message and a holder that expires. The head of an empty line tries once before it
+subscribes; a semaphore acquire that finds nobody waiting tries at once, beside any other.
+The waiters behind the head send nothing; joining and leaving the line cost O(1). A waiter
+holds no connection while it waits.
 
 Cancellation: a cancelled or failed acquire may have reached the server with only its reply
-lost, so it is followed by a release with the same token; a cancelled release is sent again.
+lost, so it is followed by a release with the same token (unless it provably never left: its
+connection was refused); a cancelled release is sent again.
 Both run in a shielded task that the caller waits for, then the cancellation goes on. A
 release whose reply was lost is sent again too (``Backend._run_repeatable``).
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Sequence
 
 from .. import _keys, _observe, _scripts
@@ -39,6 +43,7 @@ from .._args import check_int, check_key, check_seconds, check_timeout, to_ms
 from .._backend import Backend, get_backend
 from .._errors import AioRateLimitError, BackendUnavailable, LockTimeout
 from .._scripts import Arg, Reply, Script
+from . import line as _line
 from .lease import Hold, Lease, Names
 
 log = logging.getLogger("aioratelimit")
@@ -57,12 +62,26 @@ def _wait_time(wait_ms: int) -> float:
     return min(max((wait_ms + 1) / 1000, MIN_WAIT), FALLBACK_WAIT)
 
 
+def _never_sent(exc: BaseException) -> bool:
+    """Whether a failed call provably never reached the server: the backend's own
+    transport could not connect (refused, or no such host). It raises those socket errors
+    as they come and never sends a call twice; redis-py wraps them in errors of its own,
+    and a client passed in may have sent the call before a retry failed that way: those
+    prove nothing. Nor does a timeout: a reply that never came times out the same way."""
+    return isinstance(exc, BackendUnavailable) and isinstance(
+        exc.__cause__, (ConnectionRefusedError, socket.gaierror)
+    )
+
+
 class _Resource:
     """What ``Lock`` and ``Semaphore`` share; a subclass names its scripts and keys."""
 
     __slots__ = ("_backend", "_cache", "name", "ttl")
 
     _kind: str
+    #: only one holder at a time (a lock): after one waiter of the line took it, the next
+    #: sleeps until a release before it tries
+    _exclusive: bool
     _acquire_script: Script
     _release_script: Script
     _extend_script: Script
@@ -104,6 +123,10 @@ class _Resource:
     def _acquire_args(self, token: str, ttl_ms: int) -> tuple[Arg, ...]:
         return (token, ttl_ms)
 
+    def _line_limit(self) -> int:
+        """What sets the line's waiters apart besides the name: a semaphore's ``limit``."""
+        return 0
+
     async def acquire(self, timeout: float | None = None) -> Lease:
         """Wait for the lock (or a slot) and return the ``Lease`` that holds it.
 
@@ -124,26 +147,22 @@ class _Resource:
         ttl = self.ttl
         args = self._acquire_args(token, to_ms(ttl))
         base = cancels()
-        notifier = backend._notifier
         loop = asyncio.get_running_loop()
-        # The bound of the whole call (see the module): None waits as long as it takes.
+        # The bound of the whole call (see the module): None waits as long as it takes. It
+        # is armed while the acquire talks to the server, not while it waits in line.
         limit = None if timeout is None else loop.time() + timeout + backend.timeout
-        others = notifier.arrive(names.channel)
-        bound = asyncio.timeout_at(limit)
+        bound = asyncio.timeout_at(limit if timeout == 0 else None)
         try:
             async with bound:
-                if timeout != 0 and others:
-                    # Another acquire of this name runs in this process: the lock is
-                    # contended. Subscribe first (joining any subscription already open),
-                    # then one try suffices: a release after it wakes a waiter here.
-                    sent, reply = await self._wait(backend, names, args, timeout, base, limit)
-                else:
+                if timeout == 0:
                     sent = loop.time()
                     reply = await self._attempt(backend, names, args, base, limit)
                     if reply[0] != 1:
-                        if timeout == 0:
-                            raise LockTimeout(name=self.name, timeout=timeout)
-                        sent, reply = await self._wait(backend, names, args, timeout, base, limit)
+                        raise LockTimeout(name=self.name, timeout=timeout)
+                else:
+                    sent, reply = await self._wait(
+                        backend, names, args, timeout, base, limit, bound
+                    )
         except TimeoutError as exc:
             if not bound.expired():
                 raise
@@ -151,8 +170,6 @@ class _Resource:
                 f"Redis did not answer in time: acquiring {self.name!r} took over"
                 f" timeout + the backend's timeout ({timeout} + {backend.timeout} s)"
             ) from exc
-        finally:
-            notifier.depart(names.channel)
         return Lease._create(backend, names, token, int(reply[1]), ttl, sent)
 
     async def _attempt(
@@ -169,7 +186,9 @@ class _Resource:
             reply = await backend._run(self._acquire_script, names.acquire_keys, args)
             cancel_requested(base)
             return reply
-        except BaseException:
+        except BaseException as exc:
+            if _never_sent(exc):
+                raise  # nothing to take back (an outage: no release, resends nor wait)
             # The script may have run with only its reply lost: release the same token
             # (harmless if it never arrived: the tombstone also bars a late copy of it).
             # Waited for at most the backend's timeout (or what is left of the acquire's
@@ -193,35 +212,90 @@ class _Resource:
         timeout: float | None,
         base: int,
         limit: float | None,
+        bound: asyncio.Timeout,
     ) -> tuple[float, Reply]:
-        """Subscribe, then try at every wake-up (or fallback timer) until acquired."""
+        """Wait in the name's line in this process (``line``) and try as its head until
+        acquired. A semaphore nobody here waits for is tried at once first, beside any
+        other try (its slots may be free); a lock is tried at once by the head of an
+        empty line. ``bound`` (ending at ``limit``) is armed while it talks to the server:
+        behind others it sends nothing, and its timer alone ends its wait there."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        channel = names.channel
-        notifier = backend._notifier
-        sub = notifier.subscribe(channel)
-        woken = False
+        queue = _line.line(backend._notifier, names.channel, self._line_limit())
+        quick = False
+        if self._exclusive:
+            quick = not queue.waiters
+        elif not queue.waiters:
+            queue.trying += 1  # (keeps the line while it tries: it may join it next)
+            bound.reschedule(limit)
+            try:
+                sent = loop.time()
+                reply = await self._attempt(backend, names, args, base, limit)
+            except BaseException:
+                queue.trying -= 1
+                queue.close_if_idle()
+                raise
+            queue.trying -= 1
+            if reply[0] == 1:
+                queue.close_if_idle()
+                return sent, reply
+        me = queue.join()
         try:
-            async with sub:  # confirmed before the try: a release from now on wakes us
-                while True:
-                    cancel_requested(base)  # (one lost while subscribing or sleeping)
-                    sent = loop.time()
-                    reply = await self._attempt(backend, names, args, base, limit)
-                    woken = False
-                    if reply[0] == 1:  # {1, fence}: held
-                        return sent, reply
-                    wait = _wait_time(int(reply[1]))
-                    if deadline is not None:
-                        left = deadline - loop.time()
-                        if left <= 0:
-                            raise LockTimeout(name=self.name, timeout=timeout)
-                        wait = min(wait, left)
-                    woken = await sub.wait(wait)
+            if not me.done():
+                # Behind others: wait to be the head, within the timeout (sending nothing).
+                bound.reschedule(None)
+                if not await queue.turn(me, deadline):
+                    raise LockTimeout(name=self.name, timeout=timeout)
+            bound.reschedule(limit)
+            return await self._head(backend, names, args, queue, quick, timeout, base, limit)
         finally:
-            if woken or sub.woken:
-                # We took a wake-up but leave without using it (acquired meanwhile, cancelled,
-                # timed out): hand it to the next local waiter rather than let it sleep on.
-                notifier.deliver(channel, b"")
+            queue.leave(me)
+
+    async def _head(
+        self,
+        backend: Backend,
+        names: Names,
+        args: Sequence[Arg],
+        queue: _line.Line,
+        quick: bool,
+        timeout: float | None,
+        base: int,
+        limit: float | None,
+    ) -> tuple[float, Reply]:
+        """The head of the line: subscribed, try at every wake-up (or fallback timer)
+        until acquired, or until ``timeout`` (from the acquire's start) has passed.
+        ``quick``: it came to an empty line, and tries once before it subscribes."""
+        loop = asyncio.get_running_loop()
+        deadline = None if limit is None else limit - backend.timeout
+        sub = queue.sub
+        # Where the head before left off: its next try was due then (None: at once).
+        resume = queue.resume_at
+        while True:
+            if resume is not None:
+                now = loop.time()
+                if deadline is not None and deadline < resume:
+                    # The timeout ends first: only a wake-up makes a try worth it.
+                    if not await sub.wait(deadline - now):
+                        raise LockTimeout(name=self.name, timeout=timeout)
+                else:
+                    await sub.wait(resume - now)  # (a wake-up pending is used up too)
+            cancel_requested(base)  # (one lost while subscribing or sleeping)
+            if not queue.subscribed and not quick:
+                # Confirmed before the try: a release from now on wakes the line's head.
+                await sub.__aenter__()
+                queue.subscribed = True
+            sent = loop.time()
+            reply = await self._attempt(backend, names, args, base, limit)
+            if reply[0] == 1:  # {1, fence}: held
+                # The next head tries at once for a semaphore (more slots may be free),
+                # for a lock only once woken by its release (or at the holder's TTL).
+                held = self._exclusive and queue.subscribed
+                queue.resume_at = loop.time() + _wait_time(int(args[1])) if held else None
+                return sent, reply
+            if quick:
+                quick = False  # refused: subscribe, and try again at once
+                continue
+            resume = queue.resume_at = loop.time() + _wait_time(int(reply[1]))
 
 
 class Lock(_Resource):
@@ -233,6 +307,7 @@ class Lock(_Resource):
 
     __slots__ = ()
     _kind = "lock"
+    _exclusive = True
     _acquire_script = _scripts.LOCK_ACQUIRE
     _release_script = _scripts.LOCK_RELEASE
     _extend_script = _scripts.LOCK_EXTEND
@@ -263,6 +338,7 @@ class Semaphore(_Resource):
 
     __slots__ = ("limit",)
     _kind = "semaphore"
+    _exclusive = False
     _acquire_script = _scripts.SEMAPHORE_ACQUIRE
     _release_script = _scripts.SEMAPHORE_RELEASE
     _extend_script = _scripts.SEMAPHORE_EXTEND
@@ -279,6 +355,9 @@ class Semaphore(_Resource):
 
     def _acquire_args(self, token: str, ttl_ms: int) -> tuple[Arg, ...]:
         return (token, ttl_ms, self.limit)
+
+    def _line_limit(self) -> int:
+        return self.limit
 
     async def holders(self) -> int:
         """How many leases hold a slot now."""

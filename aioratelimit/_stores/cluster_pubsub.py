@@ -1,16 +1,20 @@
 """The wake-up subscriber on a Redis Cluster: SSUBSCRIBE each channel on the master that owns
 its slot, one dedicated connection (outside the store's pools) per such master. It
-follows a channel's slot when it moves or its master fails.
+follows a channel's slot when it moves or its master fails. A batch of channels is one
+SSUBSCRIBE per slot (a command may name only channels of one slot), written back to back
+on each master's connection.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from typing import Any, Protocol
 
 from redis import exceptions as redis_errors
+from redis.crc import key_slot
 
 from .._urls import Address
 from .base import translate
@@ -46,21 +50,27 @@ class ShardedPubSub:
         self._nodes: dict[Address, Any] = {}  # redis.asyncio PubSub per master
         self._readers: dict[Address, asyncio.Task[None]] = {}
         self._where: dict[str, Address] = {}
-        self._leaving: set[str] = set()
+        # channel -> SSUNSUBSCRIBE replies owed to us (any other means its slot moved)
+        self._leaving: collections.Counter[str] = collections.Counter()
         self._owed: set[Address] = set()  # nodes probed that sent no message since
         self._inbox: asyncio.Queue[dict[str, Any] | BaseException] = asyncio.Queue()
         self._closed = False
 
-    @property
-    def subscribed(self) -> bool:
-        return bool(self._where)
+    async def subscribe(self, *channels: str) -> None:
+        """SSUBSCRIBE ``channels``, each on the master that owns its slot."""
+        owners: dict[Address, list[str]] = {}
+        for channel in channels:
+            owners.setdefault(await self._store.owner(channel), []).append(channel)
+        for owner, owned in owners.items():
+            await self._subscribe_on(owner, owned)
 
-    async def subscribe(self, channel: str) -> None:
+    async def _subscribe_on(self, owner: Address, channels: list[str]) -> None:
         error: BaseException | None = None
-        for address in self._store.candidates(await self._store.owner(channel)):
+        for address in self._store.candidates(owner):
             try:
                 pubsub = self._node(address)
-                await self._guarded(address, pubsub, pubsub.ssubscribe(channel))
+                for batch in _by_slot(channels):
+                    await self._guarded(address, pubsub, pubsub.ssubscribe(*batch))
                 if self._nodes.get(address) is not pubsub:
                     raise redis_errors.ConnectionError("the subscriber was closed meanwhile")
                 if address not in self._readers:
@@ -72,19 +82,25 @@ class ShardedPubSub:
                 await self._drop(address)
                 error = exc
                 continue
-            self._where[channel] = address
-            self._leaving.discard(channel)
+            for channel in channels:
+                self._where[channel] = address
             return
         raise redis_errors.ConnectionError(f"no cluster node took SSUBSCRIBE: {error!r}")
 
-    async def unsubscribe(self, channel: str) -> None:
-        address = self._where.pop(channel, None)
-        if address is None:
-            return
-        pubsub = self._nodes.get(address)
-        if pubsub is not None:
-            self._leaving.add(channel)
-            await self._guarded(address, pubsub, pubsub.sunsubscribe(channel))
+    async def unsubscribe(self, *channels: str) -> None:
+        """SUNSUBSCRIBE ``channels`` where they are subscribed."""
+        nodes: dict[Address, list[str]] = {}
+        for channel in channels:
+            address = self._where.pop(channel, None)
+            if address is not None:
+                nodes.setdefault(address, []).append(channel)
+        for address, held in nodes.items():
+            pubsub = self._nodes.get(address)
+            if pubsub is None:
+                continue
+            self._leaving.update(held)
+            for batch in _by_slot(held):
+                await self._guarded(address, pubsub, pubsub.sunsubscribe(*batch))
 
     async def probe(self) -> None:
         """Raise ``ConnectionError`` if a node connection got no message back since the
@@ -118,9 +134,12 @@ class ShardedPubSub:
         kind = item.get("type")
         if kind in ("sunsubscribe", b"sunsubscribe"):
             channel = _text(item.get("channel"))
-            if channel in self._leaving:
-                self._leaving.discard(channel)
-            elif channel in self._where:
+            if channel is not None and self._leaving[channel] > 0:
+                self._leaving[channel] -= 1
+                if not self._leaving[channel]:
+                    del self._leaving[channel]
+                return item  # the reply to our SUNSUBSCRIBE: the notifier counts them
+            if channel in self._where:
                 # Not asked for: the slot moved to another master under the subscription.
                 raise redis_errors.ConnectionError(f"the slot of {channel!r} moved")
             return None
@@ -207,6 +226,14 @@ def _dedicated_pubsub(cluster: Any, address: Address) -> Any:
     kwargs["retry"] = no_retry()
     pool = aredis.ConnectionPool(max_connections=1, **kwargs)
     return aredis.Redis.from_pool(pool).pubsub()
+
+
+def _by_slot(channels: Iterable[str]) -> list[list[str]]:
+    """``channels`` grouped by hash slot, the most one SSUBSCRIBE or SUNSUBSCRIBE may name."""
+    slots: dict[int, list[str]] = {}
+    for channel in channels:
+        slots.setdefault(key_slot(channel.encode()), []).append(channel)
+    return list(slots.values())
 
 
 def _text(value: object) -> str | None:

@@ -2,9 +2,10 @@
 client passed in, valkey-py) PubSub on a dedicated one-connection pool, so it never takes
 one of the store's connections.
 
-The backend's ``Notifier`` (``notify``) drives it: subscribe, unsubscribe, probe, read messages;
-on any failure (or a probe left unanswered) it closes this one and builds a new one, which
-connects afresh (to the promoted master, behind Sentinel).
+The backend's ``Notifier`` (``notify``) drives it from two tasks: one sends (subscribe and
+unsubscribe, many channels a command; probes), one reads messages. On any failure (or a
+probe left unanswered) it closes this one and builds a new one, which connects afresh (to
+the promoted master, behind Sentinel).
 """
 
 from __future__ import annotations
@@ -60,17 +61,16 @@ class DedicatedPubSub:
         self._closed = False
         self._owed = False  # a probe sent and no message since
 
-    @property
-    def subscribed(self) -> bool:
-        return bool(self._pubsub.subscribed)
-
-    async def subscribe(self, channel: str) -> None:
-        await self._guarded(self._pubsub.subscribe(channel))
+    async def subscribe(self, *channels: str) -> None:
+        """SUBSCRIBE ``channels`` in one command (the first connects); the server's
+        confirmations come through ``get_message``."""
+        await self._guarded(self._pubsub.subscribe(*channels))
         if self._closed:
             raise ConnectionError("the subscriber was closed while subscribing")
 
-    async def unsubscribe(self, channel: str) -> None:
-        await self._guarded(self._pubsub.unsubscribe(channel))
+    async def unsubscribe(self, *channels: str) -> None:
+        if channels:  # (none would mean every channel to the server)
+            await self._guarded(self._pubsub.unsubscribe(*channels))
 
     async def probe(self) -> None:
         """Raise ``ConnectionError`` if the last probe got no message back since; else send
@@ -78,10 +78,13 @@ class DedicatedPubSub:
         would need a permission a least-privilege ACL user lacks)."""
         if self._owed:
             raise ConnectionError("the subscriber's connection stopped answering")
-        channels = list(self._pubsub.channels)
-        if channels:
+        # A channel it holds and is not leaving: SUBSCRIBE of one being left would hold it
+        # on the server again after its UNSUBSCRIBE.
+        leaving = self._pubsub.pending_unsubscribe_channels
+        held = next((c for c in self._pubsub.channels if c not in leaving), None)
+        if held is not None:
             self._owed = True
-            await self._guarded(self._pubsub.subscribe(channels[0]))
+            await self._guarded(self._pubsub.subscribe(held))
 
     async def get_message(self, *, ignore_subscribe_messages: bool, timeout: float) -> Any:
         try:

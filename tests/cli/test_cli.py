@@ -540,7 +540,7 @@ async def test_reset_lock_force_frees_a_crashed_holder_and_wakes_its_waiter(
         crashed = await lock.acquire(timeout=0)
         waiter = asyncio.create_task(lock.acquire(timeout=30))
         channel = lock._names(backend).channel
-        async with backend._notifier.subscribe(channel, wake_all=True) as wake_up:
+        async with backend._notifier.subscribe(channel) as wake_up:
             await asleep(backend, waiter=waiter)  # it has tried, subscribed and sleeps
             assert not waiter.done()
             proc = await asyncio.to_thread(

@@ -10,6 +10,7 @@ window; the cache holds at most ``size`` keys.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import time
 from collections.abc import Callable, Sequence
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 import redis
-from support.pace import pace
+from support.pace import pace, until
 from support.servers import RedisServer
 
 import aioratelimit as arl
@@ -245,3 +246,62 @@ async def test_a_lost_subscriber_connection_voids_the_cache(
         assert counting.calls == 1
         again = await cached_denial(limiter, key, 0)  # subscribed again, then cached
         assert again.source == "cache"
+
+
+def _nodes(url: str) -> list[redis.Redis]:
+    """A client of each server a standalone or ``redis+cluster://`` URL names."""
+    if url.startswith("redis+cluster://"):
+        hosts = url.removeprefix("redis+cluster://").split("/")[0].split(",")
+        return [redis.Redis(host=h.rsplit(":", 1)[0], port=int(h.rsplit(":", 1)[1])) for h in hosts]
+    return [redis.Redis.from_url(url)]
+
+
+def _stats(nodes: list[redis.Redis]) -> tuple[int, int]:
+    """(connections every node accepted so far, SUBSCRIBE and SSUBSCRIBE commands run)."""
+    opened = subscribes = 0
+    for node in nodes:
+        opened += int(node.info("stats")["total_connections_received"])
+        stats = node.info("commandstats")
+        for name in ("cmdstat_subscribe", "cmdstat_ssubscribe"):
+            subscribes += int(stats.get(name, {}).get("calls", 0))
+    return opened, subscribes
+
+
+@pytest.mark.parametrize("backend", ["redis", "cluster"], indirect=True)
+async def test_a_burst_of_new_denials_is_cached_over_one_subscriber(
+    backend: arl.Backend, key: str
+) -> None:
+    """400 keys denied at once: their 400 new channels are subscribed in a few batches on
+    the one subscriber (one connection per master; never rebuilt for a new channel), so
+    all 400 repeat hits are answered from the cache."""
+    keys = [f"{key}-{i}" for i in range(400)]
+    limiter = arl.FixedWindow("1/hour", backend=backend, deny_cache=1000)
+    assert limiter._guard is not None
+    cache = limiter._guard.cache
+    assert cache is not None
+    nodes = _nodes(backend.url)
+    try:
+        await asyncio.gather(*(limiter.hit(k) for k in keys))  # admitted: connections warm
+        opened, subscribes = _stats(nodes)
+        epoch = backend._notifier.epoch
+        denied = await asyncio.gather(*(limiter.hit(k) for k in keys))
+        assert not any(d.allowed for d in denied)
+
+        def armed_or_rebuilt() -> bool:
+            armed = all(e.armed_at is not None for e in cache.entries.values())
+            return backend._notifier.epoch != epoch or armed
+
+        await until(armed_or_rebuilt, what="every key's subscription confirmed")
+        assert backend._notifier.epoch == epoch  # the subscriber was never rebuilt
+        assert len(cache) == 400
+        await asyncio.gather(*(limiter.hit(k) for k in keys))  # denied after: trusted
+        again = await asyncio.gather(*(limiter.hit(k) for k in keys))
+        assert collections.Counter(d.source for d in again) == {"cache": 400}
+        masters = 3 if backend.url.startswith("redis+cluster://") else 1
+        now_opened, now_subscribes = _stats(nodes)
+        assert now_opened - opened <= masters, now_opened - opened
+        if masters == 1:  # (a cluster's SSUBSCRIBE names one slot's channels at most)
+            assert now_subscribes - subscribes <= 10, now_subscribes - subscribes
+    finally:
+        for node in nodes:
+            node.close()

@@ -7,6 +7,7 @@ import asyncio
 import base64
 import contextlib
 import itertools
+import logging
 import multiprocessing
 import os
 import random
@@ -17,14 +18,22 @@ import pytest
 import redis.asyncio as aredis
 from support import loops
 from support.pace import asleep, pace, until
-from support.servers import RedisServer
+from support.servers import RedisServer, free_port
 
 import aioratelimit as arl
 from aioratelimit import _keys, _scripts
+from aioratelimit._locks import line as _line
 
 
 def lock_keys(backend: arl.Backend, name: str) -> tuple[str, str]:
     return _keys.lock(backend._head(_keys.LOCK_KIND), name)
+
+
+def waiting(backend: arl.Backend, name: str) -> int:
+    """How many acquires of the lock ``name`` wait in its line in this process."""
+    channel = lock_keys(backend, name)[1]
+    found = _line._lines.get(asyncio.get_running_loop(), {}).get((backend._notifier, channel, 0))
+    return 0 if found is None else len(found.waiters)
 
 
 async def delete(backend: arl.Backend, *keys: str) -> None:
@@ -379,7 +388,8 @@ async def test_50_waiters_share_a_pool_of_4(redis_url: str, key: str) -> None:
                 done.append(i)
 
         tasks = [asyncio.create_task(waiter(i)) for i in range(50)]
-        await asleep(backend, count=50)  # all of them wait (none still trying, on a connection)
+        await asleep(backend)  # the line's head has tried, subscribed and sleeps ...
+        await until(lambda: waiting(backend, key) == 50, what="50 waiters in line")  # ... all
         limiter = arl.FixedWindow("1000/minute", backend=backend)
         for _ in range(10):
             assert (await asyncio.wait_for(limiter.hit(key), 2)).allowed
@@ -450,6 +460,25 @@ async def test_cancelled_acquire_whose_script_ran_is_released(
         assert not await lk.locked()
         lease = await lk.acquire(timeout=0)
         await lease.release()
+
+
+@pytest.mark.parametrize("kind", ["lock", "semaphore"])
+async def test_an_acquire_that_never_reached_the_server_sends_no_release(
+    kind: str, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """During an outage (nothing listens: every connect is refused), a failed acquire
+    never left the process, so no release follows it: one script call each, no resends
+    and no warning about them."""
+    calls: list[str] = []
+    url = f"redis://127.0.0.1:{free_port()}"
+    # (A backend timeout of 10 s: a loaded machine never turns a refusal into a timeout.)
+    async with arl.Backend.from_url(url, timeout=10, on_call=lambda c: calls.append(c.script)) as b:
+        res = arl.Lock(key, backend=b) if kind == "lock" else arl.Semaphore(key, backend=b)
+        for timeout in (0, 1, None):
+            with pytest.raises(arl.BackendUnavailable):
+                await res.acquire(timeout=timeout)
+    assert calls == [f"{kind}_acquire"] * 3
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 async def test_caller_timeout_around_acquire_releases(own_redis: RedisServer, key: str) -> None:

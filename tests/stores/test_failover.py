@@ -28,7 +28,7 @@ from support.cluster_fixtures import RedisClusterDeployment, SentinelDeployment
 from test_cluster import publish
 
 import aioratelimit as arl
-from aioratelimit._stores.notify import Subscription
+from aioratelimit._stores.subscription import Subscription
 
 pytestmark = pytest.mark.slow
 
