@@ -11,7 +11,9 @@ keeps at least 200 ms of slack on memory:// too.
 
 A test that times a wake-up waits for the waiter to fall asleep (``asleep``) rather than
 for a fixed pause, on every backend; one that needs another task, process or request to
-have reached some state waits ``until`` it has.
+have reached some state waits ``until`` it has. A test that times a wait reads ``now()``,
+the running loop's clock, which is the one the library waits on, rather than the monotonic
+clock.
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ from typing import Any, TypeVar
 import aioratelimit as arl
 
 T = TypeVar("T")
+
+
+def now() -> float:
+    """The running loop's clock (seconds): what a test times a wait on."""
+    return asyncio.get_running_loop().time()
 
 
 def on_memory(backend: arl.Backend) -> bool:
