@@ -26,11 +26,12 @@ runs its core on real uvloop), nor on a server (whose clock would not jump); a m
 that waits on a thread or process its loop cannot see is marked ``real_time``.
 
 Strength. pytest alone loads Hypothesis's ``quick`` profile (registered below: a fifth of
-the oracle's histories, its branch checks left to the full count); scripts/test gives every
-lane ``--hypothesis-profile=full``, the counts CI has always run. Processes that need no
-fixture (the docs examples on memory://, the type checks, the CLI's cold starts, a user's
-pytest run) start in the background when collection ends (jobs.py), and the type checks
-keep mypy's cache in pytest's (typecheck.py): the same checks, beside the foreground.
+the oracle's histories, its branch checks left to the full count); every lane of scripts/test
+runs ``--hypothesis-profile=full`` (pyproject.toml's [tool.tox]), the counts CI has always
+run. Processes that need no fixture (the docs examples on memory://, the type checks, the
+CLI's cold starts, a user's pytest run) start in the background when collection ends
+(jobs.py), and the type checks keep mypy's cache in pytest's (typecheck.py): the same
+checks, beside the foreground.
 
 ``AIORATELIMIT_TEST_LOOP=uvloop`` runs every async test and async fixture on uvloop instead
 of asyncio's own loop (pytest-asyncio's loop factory hook, below), and the loops the tests
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import platform
 import uuid
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 
@@ -105,6 +107,15 @@ def pytest_configure(config: pytest.Config) -> None:
             f"AIORATELIMIT_TEST_LOOP={loops.NAME!r}: expected one of {', '.join(loops.NAMES)}"
         )
     typecheck.configure(config)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """The lane this run is (scripts/test's, or "main"): its Python, marks, loop, redis-py."""
+    marks = str(config.option.markexpr).strip() or "every test"
+    return (
+        f"lane {loops.LANE}: Python {platform.python_version()}, {marks}, {loops.NAME} loop,"
+        f" redis-py {redis.__version__}"
+    )
 
 
 #: The marks that name a deployment; a test with none of them is marked ``memory``.
