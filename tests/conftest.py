@@ -11,21 +11,27 @@ marks by hand): ``redis`` (a standalone server), ``cluster``, ``sentinel``, as m
 uses, or ``memory`` when it needs none (memory:// parameters, pure unit tests). So:
 
     pytest -m memory               no server at all, on four pytest-xdist workers
-                                   (MEMORY_LANE_WORKERS below): 21-25 s on two quiet
-                                   cores (27-33 s with PYTHONDONTWRITEBYTECODE=1, when
-                                   pytest rewrites the asserts in every process anew);
-                                   36-39 s in one process (-n 0), where it took
-                                   61-65 s before the shorter waits on memory:// of
-                                   pace.py, and 200 s before the quick profile and jobs
+                                   (MEMORY_LANE_WORKERS below), on the virtual clock
+                                   (below): 22 s, where it took 41 s on the real
+                                   clock (medians of three runs each, side by side, on
+                                   two cores other work shared)
     pytest -m "memory or redis"    the standalone lane
     pytest                         everything (scripts/test runs the lanes)
 
+Time. A memory test runs on a virtual clock (support/virtual_clock.py): its async test and
+fixtures on a ``VirtualClockLoop``, which jumps over the waits it idles in, and the memory
+store's, the deny cache's and the metrics' clocks follow it, so a window, lease or retry it
+waits out costs no real time, in every lane that runs it. Not on uvloop (the uvloop lane
+runs its core on real uvloop), nor on a server (whose clock would not jump); a memory test
+that waits on a thread or process its loop cannot see is marked ``real_time``.
+
 Strength. pytest alone loads Hypothesis's ``quick`` profile (registered below: a fifth of
-the oracle's histories, its branch checks left to the full count); scripts/test gives every
-lane ``--hypothesis-profile=full``, the counts CI has always run. Processes that need no
-fixture (the docs examples on memory://, the type checks, the CLI's cold starts, a user's
-pytest run) start in the background when collection ends (jobs.py), and the type checks
-keep mypy's cache in pytest's (typecheck.py): the same checks, beside the foreground.
+the oracle's histories, its branch checks left to the full count); every lane of scripts/test
+runs ``--hypothesis-profile=full`` (pyproject.toml's [tool.tox]), the counts CI has always
+run. Processes that need no fixture (the docs examples on memory://, the type checks, the
+CLI's cold starts, a user's pytest run) start in the background when collection ends
+(jobs.py), and the type checks keep mypy's cache in pytest's (typecheck.py): the same
+checks, beside the foreground.
 
 ``AIORATELIMIT_TEST_LOOP=uvloop`` runs every async test and async fixture on uvloop instead
 of asyncio's own loop (pytest-asyncio's loop factory hook, below), and the loops the tests
@@ -40,16 +46,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import platform
 import uuid
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
 
 import hypothesis  # (imported early: a late import trips a CPython 3.11 AST bug)
 import pytest
 import redis
-from support import jobs, loops, typecheck
+from support import jobs, loops, typecheck, virtual_clock
 from support.cluster_fixtures import RedisClusterDeployment, SentinelDeployment, sync_client
 from support.servers import RedisServer, permit, remove_scratch
 from support.tls_servers import mtls_redis, pki, plain_redis, tls_redis  # noqa: F401  (TLS, ACL servers)
+from support.virtual_clock import VirtualClock, VirtualClockLoop
 
 import aioratelimit as arl
 
@@ -60,15 +68,20 @@ hypothesis.settings.register_profile("full", max_examples=100)
 hypothesis.settings.register_profile("quick", max_examples=20)
 hypothesis.settings.load_profile("quick")  # --hypothesis-profile, read later, overrides it
 
-if loops.FACTORY is not None:
-    # Defined only then: without the hook pytest-asyncio keeps its own default loop.
-    _LOOP_FACTORIES = {loops.NAME: loops.FACTORY}
 
-    def pytest_asyncio_loop_factories(
-        config: pytest.Config, item: pytest.Item
-    ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
-        """Every async test on a new loop of the selected kind (one factory: same test ids)."""
-        return _LOOP_FACTORIES
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Every async test on a new loop of the selected kind, or on a ``VirtualClockLoop`` if
+    it runs on the virtual clock (one factory under the loop's name: the same test ids)."""
+    return {loops.NAME: new_test_loop}
+
+
+def new_test_loop() -> asyncio.AbstractEventLoop:
+    """The loop of the running test: on its virtual clock if it has one, else of the
+    selected kind."""
+    clock = virtual_clock.current
+    return VirtualClockLoop(clock) if clock is not None else loops.new_loop()
 
 
 #: The workers of ``pytest -m memory`` (pyproject's ``-n auto``: pytest-xdist asks the hook
@@ -94,6 +107,15 @@ def pytest_configure(config: pytest.Config) -> None:
             f"AIORATELIMIT_TEST_LOOP={loops.NAME!r}: expected one of {', '.join(loops.NAMES)}"
         )
     typecheck.configure(config)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """The lane this run is (scripts/test's, or "main"): its Python, marks, loop, redis-py."""
+    marks = str(config.option.markexpr).strip() or "every test"
+    return (
+        f"lane {loops.LANE}: Python {platform.python_version()}, {marks}, {loops.NAME} loop,"
+        f" redis-py {redis.__version__}"
+    )
 
 
 #: The marks that name a deployment; a test with none of them is marked ``memory``.
@@ -165,12 +187,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(kind)
 
 
+def on_virtual_clock(item: pytest.Item) -> bool:
+    """Whether ``item`` runs on the virtual clock: a memory test on asyncio's loop (not
+    uvloop's), unless it is marked ``real_time``."""
+    return (
+        loops.NAME == "asyncio"
+        and item.get_closest_marker("memory") is not None
+        and item.get_closest_marker("real_time") is None
+    )
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
-    """While a test runs (its fixtures too), only the deployments its marks name may start."""
+    """While a test runs (its fixtures too), only the deployments its marks name may start,
+    and a memory test runs on a virtual clock (support/virtual_clock.py)."""
     permit(frozenset(mark.name for mark in item.iter_markers() if mark.name in SERVER_MARKS))
     try:
-        return (yield)
+        if not on_virtual_clock(item):
+            return (yield)
+        with virtual_clock.running(VirtualClock()):
+            return (yield)
     finally:
         permit(None)
 

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import re
+import tomllib
+from pathlib import Path
+
 import pytest
 import redis
 from support.servers import RedisServer
 
 LANE_MARKS = {"memory", "redis", "cluster", "sentinel"}
+
+#: The redis-py X.Y the lane says it runs on (the py3.12 lane of pyproject.toml's [tool.tox]).
+REDIS_FLOOR = os.environ.get("AIORATELIMIT_TEST_REDIS_FLOOR")
 
 
 def lanes(request: pytest.FixtureRequest) -> set[str]:
@@ -61,3 +69,18 @@ def test_only_the_memory_lane_spreads_over_workers(
     monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
     monkeypatch.setattr(request.config.option, "markexpr", markexpr)
     assert request.config.hook.pytest_xdist_auto_num_workers(config=request.config) == workers
+
+
+@pytest.mark.skipif(not REDIS_FLOOR, reason="this lane runs the newest redis-py")
+def test_the_floor_lane_runs_the_oldest_redis_py_the_package_allows() -> None:
+    """The lane on redis-py's floor runs redis-py X.Y.*, X.Y from pyproject's ``redis>=X.Y``
+    (installed first, then kept by the package's dependencies)."""
+    assert REDIS_FLOOR is not None
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    floors = [
+        found[1]
+        for dependency in pyproject["project"]["dependencies"]
+        if (found := re.fullmatch(r"redis\s*>=\s*([0-9]+\.[0-9]+)", dependency))
+    ]
+    assert floors == [REDIS_FLOOR]
+    assert redis.__version__.split(".")[:2] == REDIS_FLOOR.split(".")

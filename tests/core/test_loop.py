@@ -7,14 +7,17 @@ import os
 
 import pytest
 from support import loops
+from support.virtual_clock import VirtualClockLoop
 
 #: What AIORATELIMIT_TEST_LOOP asks for, read here independently of loops.py.
 EXPECTED = os.environ.get("AIORATELIMIT_TEST_LOOP") or "asyncio"
 
 
 def kind(loop: asyncio.AbstractEventLoop) -> str:
-    """The top-level package the loop's class comes from: asyncio or uvloop."""
-    return type(loop).__module__.partition(".")[0]
+    """The top-level package the loop's class comes from, asyncio or uvloop (a subclass of
+    asyncio's own loop, as the virtual clock's, is asyncio's)."""
+    packages = (cls.__module__.partition(".")[0] for cls in type(loop).__mro__)
+    return next(package for package in packages if package in ("asyncio", "uvloop"))
 
 
 @pytest.fixture
@@ -30,6 +33,20 @@ async def test_async_tests_and_fixtures_run_on_the_selected_loop(
     loop = asyncio.get_running_loop()
     assert loop is fixture_loop
     assert kind(loop) == EXPECTED, type(loop)
+
+
+async def test_a_memory_test_runs_on_the_virtual_clock_on_asyncio_only(
+    fixture_loop: asyncio.AbstractEventLoop,
+) -> None:
+    """A memory test and its async fixtures share one loop: asyncio's own on the virtual
+    clock (support/virtual_clock.py), or uvloop unchanged when that is selected."""
+    loop = asyncio.get_running_loop()
+    assert loop is fixture_loop
+    if EXPECTED == "asyncio":
+        assert type(loop) is VirtualClockLoop
+        assert isinstance(loop, asyncio.SelectorEventLoop)
+    else:
+        assert kind(loop) == EXPECTED, type(loop)
 
 
 def test_the_loops_tests_make_follow_the_selection() -> None:

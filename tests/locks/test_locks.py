@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aredis
 from support import loops
-from support.pace import asleep, pace, until
+from support.pace import asleep, now, pace, until
 from support.servers import RedisServer, free_port
 
 import aioratelimit as arl
@@ -292,10 +292,10 @@ async def test_timeout_zero_tries_once(backend: arl.Backend, key: str) -> None:
     """timeout=0 acquires a free lock and raises LockTimeout at once on a held one."""
     lk = arl.Lock(key, backend=backend)
     lease = await lk.acquire(timeout=0)
-    start = time.monotonic()
+    start = now()
     with pytest.raises(arl.LockTimeout) as info:
         await lk.acquire(timeout=0)
-    assert time.monotonic() - start < 1.0
+    assert now() - start < 1.0
     assert (info.value.name, info.value.timeout) == (key, 0)
     with pytest.raises(arl.LockTimeout):
         async with arl.lock(key, timeout=0, backend=backend):
@@ -308,10 +308,10 @@ async def test_timeout_waits_then_raises(backend: arl.Backend, key: str) -> None
     lk = arl.Lock(key, backend=backend)
     lease = await lk.acquire()
     timeout = pace(backend, network=0.3, memory=0.1)  # (a bound: a stall only lengthens it)
-    start = time.monotonic()
+    start = now()
     with pytest.raises(arl.LockTimeout) as info:
         await lk.acquire(timeout=timeout)
-    assert timeout - 0.01 <= time.monotonic() - start < 5  # (uvloop's timers: 1 ms resolution)
+    assert timeout - 0.01 <= now() - start < 5  # (uvloop's timers: 1 ms resolution)
     assert info.value.timeout == timeout
     await lease.release()
     assert not await lk.locked()
@@ -320,9 +320,9 @@ async def test_timeout_waits_then_raises(backend: arl.Backend, key: str) -> None
 async def test_waiter_gets_an_expired_lock(backend: arl.Backend, key: str) -> None:
     """A holder that never releases is replaced once its TTL runs out (no wake-up needed)."""
     await arl.Lock(key, ttl=0.2, backend=backend).acquire()
-    start = time.monotonic()
+    start = now()
     lease = await arl.Lock(key, backend=backend).acquire(timeout=5)
-    assert 0.1 < time.monotonic() - start < 3
+    assert 0.1 < now() - start < 3
     await lease.release()
 
 
@@ -363,12 +363,12 @@ async def test_release_wakes_a_waiter_at_once(backend: arl.Backend, key: str) ->
 
         async def wait(got: asyncio.Future[float] = got) -> None:
             lease = await lk.acquire(timeout=10)
-            got.set_result(time.monotonic())
+            got.set_result(now())
             await lease.release()
 
         waiter = asyncio.create_task(wait())
         await asleep(backend)  # the waiter has tried, subscribed and sleeps
-        released = time.monotonic()
+        released = now()
         await holder.release()
         handoffs.append(await got - released)
         await waiter
@@ -591,13 +591,13 @@ async def test_lock_taken_by_another_cancels_the_block(backend: arl.Backend, key
             await asyncio.sleep(10)
             raise AssertionError("the block ran to its end")
 
-    start = time.monotonic()
+    start = now()
     stealer = asyncio.create_task(steal())
     with pytest.raises(arl.LockLost) as info:
         await block()
     await stealer
     assert info.value.name == key
-    assert time.monotonic() - start < 5
+    assert now() - start < 5
     assert await arl.Lock(key, backend=backend).locked()
     await thief[0].release()  # still the thief's: the lost block did not release it
 
@@ -617,10 +617,10 @@ async def test_blocking_pause_longer_than_ttl_raises_lock_lost(
             time.sleep(ttl + pace(backend, network=0.3, memory=0.1))  # noqa: ASYNC251
             await asyncio.sleep(10)
 
-    start = time.monotonic()
+    start = now()
     with pytest.raises(arl.LockLost):
         await block()
-    assert time.monotonic() - start < 5
+    assert now() - start < 5
 
 
 async def test_unreachable_server_raises_lock_lost_before_expiry(

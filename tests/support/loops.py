@@ -5,9 +5,10 @@ themselves (an application run twice, a worker process, a server thread, a state
 come from ``run`` and ``new_loop`` here, so they follow the same choice. Unset, both are
 exactly ``asyncio.run`` and ``asyncio.new_event_loop``.
 
-Also the lane of scripts/test the run belongs to (``AIORATELIMIT_TEST_LANE``, set by it):
-``MAIN_LANE`` is what the checks that run once, in the main lane, read (the docs examples'
-cold starts, the benchmarks' smoke runs); a run outside scripts/test counts as the main lane.
+Also the lane of scripts/test the run belongs to (``AIORATELIMIT_TEST_LANE``, set by the
+lanes' tox configuration in pyproject.toml): ``MAIN_LANE`` is what the checks that run once,
+in the main lane, read (the docs examples' cold starts, the benchmarks' smoke runs); a run
+outside scripts/test counts as the main lane.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ T = TypeVar("T")
 #: "asyncio" (the default) or "uvloop".
 NAME = os.environ.get("AIORATELIMIT_TEST_LOOP") or "asyncio"
 NAMES = ("asyncio", "uvloop")
+#: The lane of scripts/test this run belongs to ("main" for a run of pytest outside it).
+LANE = os.environ.get("AIORATELIMIT_TEST_LANE") or "main"
 #: Whether this is scripts/test's main lane (or a run of pytest outside it).
-MAIN_LANE = os.environ.get("AIORATELIMIT_TEST_LANE", "main") == "main"
+MAIN_LANE = LANE == "main"
 
 
 def _factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -4,14 +4,18 @@ A test that lets a window run out or a lease come due waits for it in real time,
 windows must be long enough to hold the calls made inside them. Across a network (redis,
 cluster, sentinel) those calls take milliseconds each and the margins suit that; on
 memory:// a call takes microseconds and nothing stands between a call and its answer but
-this process, so a test may choose a shorter window there (``pytest -m memory`` is the
-lane that must be quick). Each test says both values where it uses them, and why the
-shorter one still holds its margin: a wait that fails the test when this process stalls
-keeps at least 200 ms of slack on memory:// too.
+this process, so a test may choose a shorter window there. Each test says both values
+where it uses them, and why the shorter one still holds its margin: a wait that fails the
+test when this process stalls keeps at least 200 ms of slack on memory:// too. (On
+memory:// the waits themselves cost no real time: the test runs on a virtual clock,
+virtual_clock.py, whose loop jumps over them; a stall still counts on it, so the margins
+hold there as they do in real time.)
 
 A test that times a wake-up waits for the waiter to fall asleep (``asleep``) rather than
 for a fixed pause, on every backend; one that needs another task, process or request to
-have reached some state waits ``until`` it has.
+have reached some state waits ``until`` it has. A test that times a wait reads ``now()``,
+the running loop's clock, which is the one the library waits on (virtual or not), rather
+than the monotonic clock.
 """
 
 from __future__ import annotations
@@ -24,6 +28,11 @@ from typing import Any, TypeVar
 import aioratelimit as arl
 
 T = TypeVar("T")
+
+
+def now() -> float:
+    """The running loop's clock (seconds): what a test times a wait on."""
+    return asyncio.get_running_loop().time()
 
 
 def on_memory(backend: arl.Backend) -> bool:
