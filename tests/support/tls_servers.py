@@ -37,9 +37,8 @@ import pytest
 import redis
 
 from .cluster_fixtures import REDIS_CLI, wait_until
-from .servers import spawn
+from .servers import REDIS_SERVER, spawn
 
-REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 OPENSSL = shutil.which("openssl") or "/usr/bin/openssl"
 
 #: The address the server certificate names, and one on the same host that it does not.
