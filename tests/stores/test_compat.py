@@ -14,6 +14,7 @@ import asyncio
 import functools
 import os
 import re
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -253,16 +254,38 @@ async def test_the_conformance_core_on_redis_6_2() -> None:
         server.stop()
 
 
+def _bus_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port + 10000))
+        except OSError:
+            return False
+    return True
+
+
+def _redis_6_2_cluster_node() -> RedisServer:
+    """A one-node 6.2 cluster server. 6.2 has no --cluster-port: its bus is on port + 10000,
+    which another process may hold; a port whose bus was taken meanwhile is tried again."""
+    for _ in range(5):
+        port = free_port()
+        if port > 55535 or not _bus_free(port):
+            continue
+        node = Redis62(
+            port, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", kind="cluster"
+        )
+        try:
+            return node.start()
+        except RuntimeError as exc:
+            if "Address already in use" not in str(exc):
+                raise
+    raise AssertionError("no port whose cluster bus port was free, in 5 tries")
+
+
 @needs_6_2
 @pytest.mark.cluster
 async def test_a_redis_6_2_cluster_is_refused_clearly() -> None:
     """A cluster node of 6.2 (no sharded pub/sub) is refused at the first call."""
-    port = free_port()
-    while port > 55535:  # 6.2 has no --cluster-port: its bus is on port + 10000
-        port = free_port()
-    server = Redis62(
-        port, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", kind="cluster"
-    ).start()
+    server = _redis_6_2_cluster_node()
     try:
         admin = redis.Redis(port=server.port)
         admin.execute_command("CLUSTER", "ADDSLOTS", *range(16384))
