@@ -12,9 +12,10 @@ uses, or ``memory`` when it needs none (memory:// parameters, pure unit tests). 
 
     pytest -m memory               no server at all, on four pytest-xdist workers
                                    (MEMORY_LANE_WORKERS below), on the virtual clock
-                                   (below): 22 s, where it took 41 s on the real
-                                   clock (medians of three runs each, side by side, on
-                                   two cores other work shared)
+                                   (below): 21 s, where it took 27 s on the real clock
+                                   (medians of six runs each, side by side, on two
+                                   cores other work shared); in one process (-n 0, as
+                                   the lanes run it) 18-21 s, where it took 32 s
     pytest -m "memory or redis"    the standalone lane
     pytest                         everything (scripts/test runs the lanes)
 
