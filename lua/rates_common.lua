@@ -3,6 +3,9 @@
 -- another), which check a hit against several rates at once, all-or-nothing, and call the
 -- functions it defines to pick the rate their reply speaks for.
 --
+-- KEYS: none of its own (the functions read none); ARGV: the calling script's, as below;
+-- reply: none (it defines functions only).
+--
 -- Rate i's limit is ARGV[first + 2i - 2] (integer >= 1) and its window ARGV[first + 2i - 1];
 -- used[i] is what rate i holds now (hits, by cost).
 --
