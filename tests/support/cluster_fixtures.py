@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -28,7 +27,15 @@ import redis
 import redis.cluster
 import redis.sentinel
 
-from .servers import REDIS_SERVER, RedisServer, check_permitted, free_port, scratch_dir, spawn
+from .servers import (
+    REDIS_SERVER,
+    RedisServer,
+    check_permitted,
+    free_port,
+    scratch_dir,
+    spawn,
+    stop_process,
+)
 
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
 SERVICE = "arl-test"
@@ -201,16 +208,8 @@ class _Sentinel:
         return redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1)
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
+        proc, self.proc = self.proc, None
+        stop_process(proc)
 
 
 class SentinelDeployment:

@@ -107,6 +107,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def stop_process(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> None:
+    """Stop a server process by its PID: ``sig``, then SIGKILL if it does not exit within
+    5 s. A process already gone (or None) is left as it is."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 class RedisServer:
     """One real ``redis-server`` process on a loopback port, without persistence; ``kind``
     names the deployment it belongs to (a standalone server, a cluster node, a Sentinel's)."""
@@ -161,16 +174,8 @@ class RedisServer:
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Stop the process by PID (SIGKILL if it does not exit promptly)."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
+        proc, self.proc = self.proc, None
+        stop_process(proc, sig)
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)

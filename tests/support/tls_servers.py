@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -37,7 +36,7 @@ import pytest
 import redis
 
 from .cluster_fixtures import REDIS_CLI, wait_until
-from .servers import REDIS_SERVER, spawn
+from .servers import REDIS_SERVER, spawn, stop_process
 
 OPENSSL = shutil.which("openssl") or "/usr/bin/openssl"
 
@@ -294,14 +293,7 @@ class ServerProcess:
     def stop(self) -> None:
         """Stop the process by PID (SIGKILL if it does not exit promptly)."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc)
 
 
 @contextlib.contextmanager
