@@ -212,6 +212,14 @@ class _Sentinel:
         stop_process(proc)
 
 
+def knows_its_group(client: Callable[[], redis.Redis], service: str) -> bool:
+    """Whether a sentinel (``client()`` opens a connection to it) knows the replica of
+    ``service`` and the two other sentinels: the group has formed, as it sees it."""
+    with client() as admin:
+        state = admin.sentinel_master(service)
+    return int(state["num-slaves"]) >= 1 and int(state["num-other-sentinels"]) >= 2
+
+
 class SentinelDeployment:
     """A master, one replica of it, and three sentinels monitoring it with quorum 2."""
 
@@ -248,12 +256,7 @@ class SentinelDeployment:
         return self
 
     def _formed(self) -> bool:
-        for sentinel in self.sentinels:
-            with sentinel.client() as client:
-                state = client.sentinel_master(SERVICE)
-            if int(state["num-slaves"]) < 1 or int(state["num-other-sentinels"]) < 2:
-                return False
-        return True
+        return all(knows_its_group(s.client, SERVICE) for s in self.sentinels)
 
     def master_port(self) -> int:
         """The master's port as the first live sentinel reports it."""

@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 import redis
 
-from .cluster_fixtures import REDIS_CLI, wait_until
+from .cluster_fixtures import REDIS_CLI, knows_its_group, wait_until
 from .servers import REDIS_SERVER, spawn, stop_process
 
 OPENSSL = shutil.which("openssl") or "/usr/bin/openssl"
@@ -448,12 +448,7 @@ class TlsSentinels:
         return self
 
     def _formed(self) -> bool:
-        for sentinel in self.sentinels:
-            with sentinel.admin() as admin:
-                state = admin.sentinel_master(SENTINEL_SERVICE)
-            if int(state["num-slaves"]) < 1 or int(state["num-other-sentinels"]) < 2:
-                return False
-        return True
+        return all(knows_its_group(s.admin, SENTINEL_SERVICE) for s in self.sentinels)
 
     def stop(self) -> None:
         for server in (*self.sentinels, self.replica, self.master):
