@@ -65,7 +65,7 @@ class Backend:
     # What the primitives use (``_run``, ``_run_repeatable``, ``_notifier``, ``_head``...) is
     # private: their types are the package's own, and the public surface is the constructor,
     # ``from_url``, ``prefix``, ``url``, ``timeout``, ``aclose`` and ``async with``.
-    __slots__ = ("_heads", "_keyring", "_run", "_store", "prefix", "timeout", "url")
+    __slots__ = ("__weakref__", "_heads", "_keyring", "_run", "_store", "prefix", "timeout", "url")
 
     def __init__(
         self,

@@ -98,6 +98,13 @@ TOKEN_KIND = "tok"
 IDEMPOTENCY_KIND = "idem"
 LOCK_KIND = "lock"
 SEMAPHORE_KIND = "sem"
+PAUSE_KIND = "pause"
+
+
+def pause(pause_head: str, name: str) -> tuple[str, str]:
+    """A named pause's block (``lua/limiter_block.lua``) and the channel every process
+    hears it on (one tag: the pause's name)."""
+    return tagged(pause_head, name), tagged(pause_head, name, ":inv")
 
 
 def token(tok_head: str, digest: str) -> str:

@@ -8,8 +8,9 @@ name: those are unbounded and private. A recorder is a ``Recorder`` (a base clas
 methods do nothing): ``aioratelimit.otel`` turns its calls into OpenTelemetry instruments;
 an application without OpenTelemetry subclasses it (both public: ``docs/metrics.md``).
 
-A decision that did not come from a script (the deny cache, a fallback, shadow mode) is
-reported with ``decided(..., result=DENIED_CACHED | DEGRADED | SHADOW_DENIED)``, and a
+A decision that did not come from a script (the deny cache, a pause, a fallback, shadow
+mode) is
+reported with ``decided(..., result=DENIED_CACHED | PAUSED | DEGRADED | SHADOW_DENIED)``, and a
 circuit breaker's change of state with ``breaker_changed(state)``.
 """
 
@@ -34,9 +35,10 @@ ALLOWED = "allowed"
 DENIED = "denied"
 DENIED_CACHED = "denied_cached"  # denied by the local cache of denials, without a round trip
 DEGRADED = "degraded"  # answered by the fallback policy while the backend is unavailable
+PAUSED = "paused"  # denied by a shared pause (``Pause``) known here, without a round trip
 SHADOW_DENIED = "shadow_denied"  # would have been denied; admitted because the limit is shadowed
 ERROR = "error"  # no decision: the backend failed (the error is counted in backend errors)
-RESULTS = (ALLOWED, DENIED, DENIED_CACHED, DEGRADED, SHADOW_DENIED, ERROR)
+RESULTS = (ALLOWED, DENIED, DENIED_CACHED, PAUSED, DEGRADED, SHADOW_DENIED, ERROR)
 
 #: How a lock or semaphore acquire ended (``aioratelimit.lock.result``).
 ACQUIRED, TIMEOUT, CANCELED = "acquired", "timeout", "canceled"
@@ -159,6 +161,8 @@ def result_of(decision: Decision) -> str:
         return SHADOW_DENIED if decision.shadow_denied else ALLOWED
     if decision.source == "cache":
         return DENIED_CACHED
+    if decision.source == "pause":
+        return PAUSED
     if decision.degraded:
         return DEGRADED
     return ALLOWED if decision.allowed else DENIED

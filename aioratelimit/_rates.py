@@ -111,7 +111,8 @@ class Decision:
     #: (``hit(key, cost, partial=True)``) may be granted less than it asked for
     granted: int = 0
     #: where the decision was made: ``"redis"`` (the backend's script, memory:// too),
-    #: ``"cache"`` (the limiter's local deny cache), ``"fallback"`` (the in-process fallback
+    #: ``"cache"`` (the limiter's local deny cache), ``"pause"`` (a shared ``Pause`` runs:
+    #: denied without a round trip), ``"fallback"`` (the in-process fallback
     #: limiter while the backend is unavailable) or ``"policy"`` (``on_unavailable="allow"``
     #: or ``"deny"``: nothing was counted)
     source: str = "redis"

@@ -135,7 +135,8 @@ class Mode(IntEnum):
 
 #: ``{microseconds until the block in place ends, now_us}``
 LIMITER_BLOCK = _load("limiter_block")
-LIMITER_BLOCKED = _load("limiter_blocked")  # {µs the block still runs or 0, now_us}; reads only
+#: ``{µs the block still runs or 0, now_us}``; reads only
+LIMITER_BLOCKED = _load("limiter_blocked", repeatable=True)
 #: ``{the most hits (tokens) given back under any one rate, now_us}``
 FIXED_WINDOW_REFUND = _load("fixed_window_refund")
 SLIDING_WINDOW_REFUND = _load("sliding_window_refund")

@@ -1,7 +1,7 @@
 """The ``aioratelimit`` command: operate a deployment from a shell.
 
 ``demo``     the limiters at work
-``inspect``  a key under a limiter spec, a lock, a semaphore, an idempotency key
+``inspect``  a key under a limiter spec, a lock, a semaphore, an idempotency key, a pause
 ``reset``    forget a key; free a lock whose holder crashed (``--force``)
 ``doctor``   is this deployment ready: version, mode, scripts, clock, latency
 ``bench``    ours against the raw redis-py floor, sequential and concurrent
@@ -102,6 +102,9 @@ def _parser() -> argparse.ArgumentParser:
         "--show-result", action="store_true", help="print the stored result (may hold data)"
     )
     idem.set_defaults(run=_cli_state.inspect_idempotency, needs_url=True)
+    pause = what.add_parser("pause", parents=[common], help="whether a shared pause runs")
+    pause.add_argument("name")
+    pause.set_defaults(run=_cli_state.inspect_pause, needs_url=True)
 
     reset = commands.add_parser("reset", help="forget a key; free a lock a crashed process held")
     what = reset.add_subparsers(dest="what", metavar="WHAT", required=True)
@@ -114,6 +117,9 @@ def _parser() -> argparse.ArgumentParser:
     lock.add_argument("--force", action="store_true", help="free it (asks first)")
     lock.add_argument("--yes", action="store_true", help="do not ask")
     lock.set_defaults(sync=_cli_state.reset_lock, needs_url=True)
+    pause = what.add_parser("pause", parents=[common], help="lift a shared pause now")
+    pause.add_argument("name")
+    pause.set_defaults(run=_cli_state.reset_pause, needs_url=True)
 
     doctor = commands.add_parser(
         "doctor", parents=[common], help="check a deployment is ready (exit 0) or not (1)"

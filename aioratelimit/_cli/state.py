@@ -18,6 +18,7 @@ from collections.abc import Callable
 from .._backend import Backend
 from .._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
 from .._limits.limiter import Limiter
+from .._limits.pause import Pause
 from .._locks.lock import Lock, Semaphore
 from .._rates import Decision
 from .._scripts import IdemState
@@ -180,6 +181,26 @@ async def reset_limit(args: argparse.Namespace, backend: Backend) -> int:
     await every.reset(args.key)
     labels = ", ".join(label for label, _ in built)
     out(f"key {args.key!r} forgotten under {labels} on {where(backend)}")
+    return 0
+
+
+def _pause(name: str, backend: Backend) -> Pause:
+    try:
+        return Pause(name, backend=backend)
+    except (ValueError, TypeError) as exc:
+        raise CliError(f"invalid pause name: {exc}") from None
+
+
+async def inspect_pause(args: argparse.Namespace, backend: Backend) -> int:
+    left = await _pause(args.name, backend).remaining()
+    state = f"paused, {seconds(left)} left" if left else "not paused"
+    out(f"pause {args.name!r} on {where(backend)}: {state}")
+    return 0
+
+
+async def reset_pause(args: argparse.Namespace, backend: Backend) -> int:
+    await _pause(args.name, backend).lift()
+    out(f"pause {args.name!r} lifted on {where(backend)}")
     return 0
 
 

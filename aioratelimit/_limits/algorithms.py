@@ -16,6 +16,7 @@ from .._backend import Backend
 from .._rates import Rate, RateLike, as_rate, token_bucket
 from .failure import Breaker, Fallback, OnUnavailable
 from .limiter import Limiter
+from .pause import Pause
 
 #: Most sub-window buckets a SlidingWindow may use (the script reads them all per hit).
 MAX_BUCKETS = 1000
@@ -57,13 +58,14 @@ class FixedWindow(Limiter):
         on_unavailable: OnUnavailable = "raise",
         breaker: Breaker | None = None,
         shadow: bool = False,
+        pause: Pause | str | None = None,
     ):
         super().__init__(backend, name, count_denied, blockable)
         self.rates = _rates(rates)
         self._suffixes = tuple(_keys.rate_suffix(r.limit, r.window_us) for r in self.rates)
         self._args = tuple(v for r in self.rates for v in (r.limit, r.window_us))
         self._max_cost = min(r.limit for r in self.rates)
-        self._options(self.rates, deny_cache, on_unavailable, breaker, shadow)
+        self._options(self.rates, deny_cache, on_unavailable, breaker, shadow, pause)
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
         rates = (Rate(share.scale(r.limit), r.window) for r in self.rates)
@@ -99,6 +101,7 @@ class SlidingWindow(Limiter):
         on_unavailable: OnUnavailable = "raise",
         breaker: Breaker | None = None,
         shadow: bool = False,
+        pause: Pause | str | None = None,
     ):
         super().__init__(backend, name, count_denied, blockable)
         self.rates = _rates(rates)
@@ -111,7 +114,7 @@ class SlidingWindow(Limiter):
         self._args = (buckets, *(v for r in self.rates for v in (r.limit, r.window_us)))
         self._refund_args = self._args
         self._max_cost = min(r.limit for r in self.rates)
-        self._options(self.rates, deny_cache, on_unavailable, breaker, shadow)
+        self._options(self.rates, deny_cache, on_unavailable, breaker, shadow, pause)
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
         rates = (Rate(share.scale(r.limit), r.window) for r in self.rates)
@@ -148,6 +151,7 @@ class TokenBucket(Limiter):
         on_unavailable: OnUnavailable = "raise",
         breaker: Breaker | None = None,
         shadow: bool = False,
+        pause: Pause | str | None = None,
     ):
         super().__init__(backend, name, count_denied, blockable)
         self.rate = as_rate(rate)
@@ -157,7 +161,7 @@ class TokenBucket(Limiter):
         self._args = (self.burst, interval)
         self._refund_args = (interval,)
         self._max_cost = self.burst
-        self._options((self.rate,), deny_cache, on_unavailable, breaker, shadow)
+        self._options((self.rate,), deny_cache, on_unavailable, breaker, shadow, pause)
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
         rate = Rate(share.scale(self.rate.limit), self.rate.window)

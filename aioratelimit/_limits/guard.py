@@ -1,14 +1,15 @@
 """The guard: a rate-limit decision made through options on top of its plain step (one
 script call for a limiter, one ``hit`` for a web face): the local deny cache, the failure
-policy with its circuit breaker, and shadow mode.
+policy with its circuit breaker, shadow mode, and a shared pause (``pause``).
 
 A limiter with none of them builds no guard and its decisions never come here; the web
 faces build one per limiter they count on, around its ``hit``, with their own policy and
 shadow mode (the limiter's own options then apply underneath).
 
-Order: a cached denial answers first (no round trip, even with the breaker open: it is as
-true then as before); then the breaker, which may serve the policy at once; then the step,
-whose unavailability serves the policy; shadow mode shapes whatever came out.
+Order: a pause that runs answers first, then a cached denial (no round trip, even with the
+breaker open: either is as true then as before); then the breaker, which may serve the
+policy at once; then the step, whose unavailability serves the policy; shadow mode shapes
+whatever came out.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from .._backend import Backend, get_backend
 from .._errors import BackendError, BackendUnavailable
 from .._rates import Decision
 from . import deny_cache as _deny_cache
+from . import pause as _pause
 from .deny_cache import DenyCache, Entry, clock
 from .failure import Breaker, Fallback, OnUnavailable, check_on_unavailable
+from .pause import Pause
 
 _PARTIAL = int(_scripts.Mode.PARTIAL)
 
@@ -77,7 +80,7 @@ class Guard(Generic[R]):
     ``Fallback`` policy counts on; ``cache`` the deny cache, whose key watchers listen on
     the channels of ``head`` (the limiter's kind and name) on ``backend`` (None: the
     default one); ``observed`` the limiter name and algorithm its decisions are reported
-    under (None: the step reports them itself).
+    under (None: the step reports them itself); ``pause`` the shared pause it honours.
     """
 
     __slots__ = (
@@ -90,6 +93,7 @@ class Guard(Generic[R]):
         "limit",
         "observed",
         "on_unavailable",
+        "pause",
         "send",
         "shadow",
     )
@@ -106,6 +110,7 @@ class Guard(Generic[R]):
         backend: Backend | None = None,
         head: tuple[str, str | None] = ("", None),
         observed: tuple[str | None, str] | None = None,
+        pause: Pause | None = None,
     ) -> None:
         if isinstance(options.on_unavailable, Fallback) != (fallback is not None):
             raise ValueError("a Fallback policy needs a fallback step, and only it")
@@ -113,11 +118,15 @@ class Guard(Generic[R]):
         self.on_unavailable, self.breaker = options.on_unavailable, options.breaker
         self.shadow = options.shadow
         self.cache, self.backend, self.head, self.observed = cache, backend, head, observed
+        self.pause = pause
 
     def cached(self, key: str, cost: int, mode: int) -> Decision | None:
         """The hot path under attack, a plain method (no coroutine to pay for): the deny
         cache's answer for ``key`` and ``cost``, or None (then ``decide``). A partial hit
         (``mode``) is never answered here: a denial of a larger cost says nothing of it."""
+        pause = self.pause
+        if pause is not None and (answer := _pause.denial(pause, pause.backend, self.limit)):
+            return self._reported(answer)
         cache = self.cache
         # The type checks keep 1.0 or True from matching a cost of 1.
         if cache is None or type(cost) is not int or type(key) is not str or mode >= _PARTIAL:
@@ -125,13 +134,29 @@ class Guard(Generic[R]):
         if cache.backend is not (self.backend or get_backend()):
             return None
         answer = cache.answer(key, cost)
-        if answer is not None and (self.shadow or _observe.recorder is not None):
+        if answer is not None:
+            return self._reported(answer)
+        return None
+
+    def _reported(self, answer: Decision) -> Decision:
+        """An answer made here (no step), shaped and reported as ``decide`` would."""
+        if self.shadow or _observe.recorder is not None:
             if self.shadow:
                 answer = self.shaped(answer)
             if _observe.recorder is not None and self.observed is not None:
                 name, algorithm = self.observed
                 _observe.decided(name, algorithm, _observe.result_of(answer), 0.0, answer)
         return answer
+
+    async def paused(self) -> Decision | None:
+        """The pause's denial (unshaped), once this process knows the pause (its first
+        decision waits for the first read): None when it does not run."""
+        pause = self.pause
+        if pause is None:
+            return None
+        backend = pause.backend
+        await _pause.ready(pause, backend)
+        return _pause.denial(pause, backend, self.limit)
 
     def decide(self, key: str, cost: int, mode: int) -> Awaitable[Decision]:
         """``hit`` or ``peek`` (the step's ``mode``) through the options, reported to the
@@ -152,6 +177,8 @@ class Guard(Generic[R]):
             check_key(key)
         if type(cost) is not int or not 0 < cost <= self.limit:
             check_count(cost, "cost") if partial else check_cost(cost, self.limit)
+        if self.pause is not None and (paused := await self.paused()) is not None:
+            return self.shaped(paused)
         breaker = self.breaker
         entry = None
         flight: asyncio.Future[Decision | None] | None = None
@@ -253,6 +280,8 @@ class Guard(Generic[R]):
         text = ""
         if self.cache is not None:
             text += f" deny_cache={len(self.cache)}/{self.cache.size}"
+        if self.pause is not None:
+            text += f" pause={self.pause.name!r}"
         if self.on_unavailable != "raise":
             text += f" on_unavailable={self.on_unavailable!r}"
         if self.breaker is not None:

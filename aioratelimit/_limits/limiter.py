@@ -37,6 +37,7 @@ from . import waiting as _waiting
 from .deny_cache import DenyCache
 from .failure import Breaker, Fallback, OnUnavailable
 from .guard import Guard, Options, check_cost
+from .pause import Pause, as_pause
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -121,9 +122,13 @@ class Limiter:
         on_unavailable: OnUnavailable,
         breaker: Breaker | None,
         shadow: bool,
+        pause: Pause | str | None = None,
     ) -> None:
         """The options on top of the plain decision (the guard); with all of them off a
         decision stays the one script call it was."""
+        honoured = as_pause(pause)
+        if isinstance(pause, str) and honoured is not None:  # a name: on this limiter's backend
+            honoured = Pause(pause, backend=self._backend)
         if deny_cache is not None and self.count_denied:
             # A cached denial never reaches the server, where a denied hit must be counted.
             raise ValueError("deny_cache cannot be combined with count_denied=True")
@@ -141,7 +146,7 @@ class Limiter:
             # Its own memory:// store: counted in this process only, never sent anywhere.
             self._fallback = self._scaled(self.on_unavailable, Backend.from_url("memory://"))
             fallback = self._fallback._send
-        if cache is None and options.plain:
+        if cache is None and options.plain and honoured is None:
             return
         self._guard = Guard(
             self._send,
@@ -153,6 +158,7 @@ class Limiter:
             backend=self._backend,
             head=(self._kind, self.name),
             observed=(self.name, self._script.name),
+            pause=honoured,
         )
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
@@ -209,8 +215,12 @@ class Limiter:
 
     async def _decide(self, key: str, cost: int, mode: int, *extra: int) -> Decision:
         guard = self._guard
-        if guard is not None and not extra:  # (a TokenBucket waiter's booking: no options)
-            return guard.cached(key, cost, mode) or await guard.decide(key, cost, mode)
+        if guard is not None:
+            if not extra:
+                return guard.cached(key, cost, mode) or await guard.decide(key, cost, mode)
+            # A TokenBucket waiter's booking takes no option but the pause.
+            if guard.pause is not None and (paused := await guard.paused()) is not None:
+                return paused
         if _observe.recorder is not None:
             return await _observe.decide(
                 self.name, self._script.name, self._send, key, cost, mode, *extra

@@ -144,6 +144,11 @@ class Notifier:
         self._pause = FIRST_PAUSE
         self._retry_at = 0.0  # no new subscriber before (loop time): after a failure
 
+    @property
+    def closed(self) -> bool:
+        """Closed (``aclose``): its listeners were woken one last time."""
+        return self._closed
+
     def subscribe(self, channel: str) -> Subscription:
         """A subscription to enter with ``async with`` before the attempt it guards."""
         return Subscription(self, channel)

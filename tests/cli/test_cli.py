@@ -395,6 +395,32 @@ def test_inspect_shows_lock_and_semaphore_holders_by_fence_never_token(
     assert "free (no holder on record)" in free.stdout
 
 
+@pytest.mark.parametrize("deployment", DEPLOYMENTS)
+def test_inspect_and_reset_pause(request: pytest.FixtureRequest, deployment: str, key: str) -> None:
+    """`inspect pause` says whether a shared pause runs and how long more; `reset pause`
+    lifts it for every process (the server then holds none)."""
+    url = server(request, deployment)
+
+    async def start(backend: arl.Backend) -> float:
+        return await arl.Pause(key, backend=backend).start(60)
+
+    assert on(url, start) == 60.0
+    shown = cli("inspect", "pause", key, "--url", url)
+    assert shown.returncode == 0, shown.stderr
+    left = re.search(rf"pause {key!r} on .*: paused, (\d+\.\d+) s left", shown.stdout)
+    assert left is not None, shown.stdout
+    assert 50 < float(left[1]) <= 60
+    lifted = cli("reset", "pause", key, "--url", url)
+    assert lifted.returncode == 0, lifted.stderr
+    assert "lifted" in lifted.stdout
+
+    async def remaining(backend: arl.Backend) -> float:
+        return await arl.Pause(key, backend=backend).remaining()
+
+    assert on(url, remaining) == 0.0
+    assert "not paused" in cli("inspect", "pause", key, "--url", url).stdout
+
+
 def test_inspect_idempotency_never_prints_the_result_unless_asked(redis_url: str, key: str) -> None:
     """`inspect idempotency`: in progress (with its lease) or completed; the stored result
     (customer data) only with ``--show-result``."""

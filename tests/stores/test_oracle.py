@@ -441,11 +441,16 @@ def limiter_calls(script: str, limiters: Callable[[str], list[Limiter]]) -> st.S
         for keys, nrates, args, refund_args in limiters(user):
             hits += [Call(script, keys, a) for a in args]
             resets.append(Call("delete", keys, ()))
+            channel = _keys.rate_channel(keys[0].partition("{")[0], user)
             if len(keys) > nrates:
                 blocks += [Call("limiter_block", keys[-1:], (d,)) for d in BLOCKS_US]
+                # a pause: the same block, told on a channel
+                blocks += [
+                    Call("limiter_block", keys[-1:], (d, channel, p))
+                    for d, p in product(BLOCKS_US, PUBLISH)
+                ]
                 blocked.append(Call("limiter_blocked", keys[-1:], ()))
             refunds += [Call(f"{script}_refund", keys[:nrates], a) for a in refund_args]
-            channel = _keys.rate_channel(keys[0].partition("{")[0], user)
             invalidations += [
                 Call("rate_invalidate", keys, (reset, channel, p))
                 for reset, p in product((0, 1), PUBLISH)

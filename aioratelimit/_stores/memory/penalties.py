@@ -23,6 +23,8 @@ def limiter_block(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: i
     if old > ends:
         return [old - now, now]
     ks.set(keys[0], ends, ceil_div(ends, 1000))
+    if len(args) > 1:
+        ks.publish(str(args[1]), str(block_us))
     return [block_us, now]
 
 
