@@ -69,6 +69,7 @@ class Rate:
 
 
 RateLike = Rate | str
+"""A ``Rate``, or a string ``Rate.parse`` reads (``"100/minute"``)."""
 
 
 def token_bucket(rate: Rate, burst: object) -> tuple[int, int]:

@@ -49,9 +49,9 @@ class ScriptCall:
     error: BaseException | None
 
 
-#: ``on_call=`` of ``Backend.from_url`` and ``testing.memory_backend``: called with each
-#: ``ScriptCall`` once it is over.
 OnCall = Callable[[ScriptCall], None]
+"""``on_call=`` of ``Backend.from_url`` and ``testing.memory_backend``: called with each
+``ScriptCall`` once it is over."""
 
 
 @dataclass(frozen=True, slots=True)

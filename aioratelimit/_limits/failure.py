@@ -29,8 +29,9 @@ BreakerState = Literal["closed", "open", "half_open"]
 CLOSED: BreakerState = "closed"
 OPEN: BreakerState = "open"
 HALF_OPEN: BreakerState = "half_open"
-#: called as ``listener(breaker, old_state, new_state)`` on every change
 BreakerListener = Callable[["Breaker", str, str], None]
+"""A ``Breaker.on_change`` listener: called as ``listener(breaker, old_state, new_state)``
+on every change of state."""
 
 POLICIES = ("raise", "allow", "deny")
 
@@ -60,8 +61,8 @@ class Fallback:
         return f"Fallback({self.share!r})"
 
 
-#: What ``on_unavailable=`` takes: ``"raise"``, ``"allow"``, ``"deny"`` or a ``Fallback``.
 OnUnavailable = Literal["raise", "allow", "deny"] | Fallback
+"""What ``on_unavailable=`` takes: ``"raise"``, ``"allow"``, ``"deny"`` or a ``Fallback``."""
 
 
 def check_on_unavailable(
