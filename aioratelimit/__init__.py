@@ -30,9 +30,10 @@ from ._limits.limiter import Admission, Limiter
 from ._locks.lease import Hold, Lease
 from ._locks.lock import Lock, Semaphore, lock, semaphore
 from ._observe import Recorder, set_recorder
+from ._public import __version__
 from ._rates import Decision, Rate, RateLike
 from ._scripts import OnCall, ScriptCall
-from ._version import __version__
+from ._web.headers import ratelimit_headers
 
 __all__ = [
     "Admission",
@@ -76,6 +77,7 @@ __all__ = [
     "idempotent",
     "issue_token",
     "lock",
+    "ratelimit_headers",
     "semaphore",
     "set_recorder",
 ]

@@ -12,8 +12,15 @@ import contextlib
 import inspect
 import sys
 from collections.abc import Iterable
+from importlib.metadata import PackageNotFoundError, version
 from types import FunctionType
 from typing import Any, NoReturn, TypeVar
+
+# The installed distribution's version: pyproject.toml is its one source.
+try:
+    __version__ = version("aioratelimit")
+except PackageNotFoundError:  # a source tree on sys.path, not installed
+    __version__ = "0+unknown"
 
 T = TypeVar("T")
 

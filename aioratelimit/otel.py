@@ -20,8 +20,8 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import SpanKind, Status, StatusCode, TracerProvider
 
 from . import _observe, _public
+from ._public import __version__
 from ._scripts import ScriptCall
-from ._version import __version__
 
 __all__ = ["DURATION_BUCKETS", "SCOPE", "instrument", "on_call", "uninstrument"]
 

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from .._backend import Backend
 from .._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
 from .._limits.limiter import Limiter
+from .._public import __version__
 from .._rates import Decision
-from .._version import __version__
 from .output import out, table, where
 
 #: The scene: this many concurrent requests against limits of 5 per 2 seconds.
