@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Literal
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 
 from .._backend import Backend
@@ -34,8 +35,6 @@ from .types import Scope
 #: ``respond=`` of the aiohttp middleware: builds the answer to a refusal (any aiohttp
 #: response), sync or async.
 RespondWithResponse = Callable[[Refusal], "web.StreamResponse | Awaitable[web.StreamResponse]"]
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def scope_of(request: web.Request) -> Scope:
@@ -259,15 +258,26 @@ class IdempotencyMiddleware(KeyFlow):
         self, request: web.Request, handler: Handler, claimed: Claimed
     ) -> web.StreamResponse:
         async with self.store.running(claimed):
-            response = await handler(request)  # an exception, or a raised 4xx: not stored
-            if not self.stored(response.status):
-                return response  # leaving the block releases the key
-            payload = _payload(response, self.max_response)
-            if payload is None:
-                self.not_stored(request.method, request.path)
-                return response
-            await self.complete(claimed, payload)
+            try:
+                response = await handler(request)  # an error: leaving releases the key
+            except web.HTTPException as exc:
+                # aiohttp's raised answers are responses too: a raised 303 is stored.
+                await self._record(request, claimed, exc)
+                raise
+            await self._record(request, claimed, response)
             return response
+
+    async def _record(
+        self, request: web.Request, claimed: Claimed, response: web.StreamResponse
+    ) -> None:
+        """Store ``response`` if it is one to replay; else the key is freed on leaving."""
+        if not self.stored(response.status):
+            return
+        payload = _payload(response, self.max_response)
+        if payload is None:
+            self.not_stored(request.method, request.path)
+            return
+        await self.complete(claimed, payload)
 
     def __repr__(self) -> str:
         methods = ",".join(sorted(self.methods))

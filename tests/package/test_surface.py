@@ -45,7 +45,7 @@ FOREIGN = (
     | set(dir(typing))
     | set(dir(collections.abc))
     | {"TracebackType", "Request", "Response", "FastAPI", "MeterProvider", "TracerProvider"}
-    | {"web.Request", "web.StreamResponse", "Handler"}  # aiohttp's
+    | {"web", "StreamResponse", "Handler"}  # aiohttp's (aiohttp.web, aiohttp.typedefs)
     | {"params", "Depends"}  # fastapi.params.Depends
     | {"P", "R", "args", "kwargs"}
 )

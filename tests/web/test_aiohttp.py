@@ -198,6 +198,31 @@ async def test_a_failed_response_frees_the_key_and_a_body_over_max_body_is_413(
     assert calls == 2  # the 500 was not stored; the 200 was, and replayed
 
 
+async def test_a_raised_see_other_is_stored_and_replayed(store_url: str) -> None:
+    """aiohttp answers a redirect by raising it: a raised 303 is a completed request."""
+    backend = fresh_backend(store_url)
+    calls = 0
+
+    async def create(request: web.Request) -> web.Response:
+        nonlocal calls
+        calls += 1
+        raise web.HTTPSeeOther(f"/orders/{calls}")
+
+    app = web.Application(middlewares=[IdempotencyMiddleware(backend=backend)])
+    app.router.add_post("/orders", create)
+    key = {"Idempotency-Key": '"o-9"'}
+    async with served(app) as client:
+        answers = []
+        for _ in range(2):
+            async with client.post("/orders", headers=key, allow_redirects=False) as r:
+                answers.append(
+                    (r.status, r.headers["Location"], r.headers.get("Idempotent-Replayed"))
+                )
+    await backend.aclose()
+    assert answers == [(303, "/orders/1", None), (303, "/orders/1", "true")]
+    assert calls == 1
+
+
 def test_options_are_checked_before_any_request() -> None:
     with pytest.raises(ValueError, match="needs a limiter"):
         RateLimitMiddleware()
