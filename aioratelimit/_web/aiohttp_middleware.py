@@ -84,8 +84,9 @@ class RateLimitMiddleware:
     limit is reached; ``web.Application(middlewares=[RateLimitMiddleware(limiter)])``.
 
     The options, rules, key helpers, answers and fields are those of
-    ``aioratelimit.asgi.RateLimitMiddleware`` (see there), on the request's path inside
-    the application: ``rules`` (``Rule``), ``exempt``, ``client``, ``policy_name``, ``cost``,
+    ``aioratelimit.asgi.RateLimitMiddleware`` (see there), with templates matched against
+    ``request.path`` (a sub-application's prefix included, as aiohttp shows it to its
+    middlewares): ``rules`` (``Rule``), ``exempt``, ``client``, ``policy_name``, ``cost``,
     ``legacy_headers``, ``on_unavailable``, ``breaker``, ``shadow``. ``respond(refusal)``
     (sync or async) returns the aiohttp response to send instead of the problem document.
 

@@ -10,10 +10,15 @@ end, and on a refusal the ``Retry-After`` wait.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+import httpx
 import pytest
 from support.ratelimit_fields import read_fields
 
 import aioratelimit as arl
+from aioratelimit.asgi import RateLimitMiddleware
 
 
 def fields(decision: arl.Decision, limiter: arl.Limiter, **options: object) -> dict[str, str]:
@@ -76,6 +81,46 @@ async def test_several_rates_are_one_policy_each_and_the_binding_one_is_reported
     await limiter.hit(key)
     denied = read_fields(fields(await limiter.hit(key), limiter))
     assert (denied.policy, denied.r) == ("api-1", 0)
+
+
+async def ok(scope: Any, receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def test_the_middleware_sends_the_same_fields_and_names_the_violated_policy(
+    backend: arl.Backend, key: str
+) -> None:
+    """Through the ASGI middleware: the fields read back as the helper's, and the 429's
+    problem document names the rate that refused, by its policy item."""
+    limiter = arl.FixedWindow("2/minute", "100/hour", backend=backend, name=f"api{key[-4:]}")
+    transport = httpx.ASGITransport(app=RateLimitMiddleware(ok, limiter, client=lambda s: key))
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        answers = [await client.get("/") for _ in range(3)]
+    assert [r.status_code for r in answers] == [200, 200, 429]
+    name = limiter.name
+    assert read_fields(answers[0].headers).policies == {
+        f"{name}-1": {"q": 2, "w": 60},
+        f"{name}-2": {"q": 100, "w": 3600},
+    }
+    refused = read_fields(answers[2].headers)
+    assert (refused.policy, refused.r, refused.t) == (
+        f"{name}-1",
+        0,
+        int(answers[2].headers["retry-after"]),
+    )
+    problem = json.loads(answers[2].content)
+    assert problem["type"] == "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    assert problem["violated-policies"] == [f"{name}-1"]
+
+
+def test_a_fallback_decision_reports_when_its_quota_is_whole() -> None:
+    """A twin counted in-process during an outage has scaled rates: its ``t`` is the time to
+    a whole quota, which it knows, not a next token it would compute from the real rate."""
+    bucket = arl.TokenBucket("5/50s")
+    degraded = arl.Decision(True, 2, 1, 30.0, 0.0, source="fallback")
+    assert read_fields(fields(degraded, bucket)).t == 30
+    assert read_fields(fields(arl.Decision(True, 5, 1, 30.0, 0.0), bucket)).t == 10
 
 
 def test_legacy_and_shadow_fields_and_the_policy_name() -> None:
