@@ -1,4 +1,5 @@
-"""What makes a face's names public: their ``__module__``, and classes users get but never build.
+"""What makes a face's names public: their ``__module__``, classes users get but never build,
+and the distribution's ``__version__``.
 
 Each face (``aioratelimit``, ``.asgi``, ``.fastapi``, ``.testing``, ``.otel``) ends with
 ``publish(__name__, __all__)``: every class and function it exports then names the face as
