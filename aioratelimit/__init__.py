@@ -34,6 +34,7 @@ from ._observe import Recorder, set_recorder
 from ._rates import Decision, Rate, RateLike
 from ._scripts import OnCall, ScriptCall
 from ._version import __version__
+from ._web.headers import ratelimit_headers
 
 __all__ = [
     "Admission",
@@ -78,6 +79,7 @@ __all__ = [
     "idempotent",
     "issue_token",
     "lock",
+    "ratelimit_headers",
     "semaphore",
     "set_recorder",
 ]

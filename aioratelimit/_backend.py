@@ -29,7 +29,7 @@ from ._stores.base import (
     Store,
 )
 from ._stores.notify import Notifier
-from ._urls import CLUSTER_SCHEMES, SENTINEL_SCHEMES, check_scheme, parse_error, redact
+from ._stores.urls import CLUSTER_SCHEMES, SENTINEL_SCHEMES, check_scheme, parse_error, redact
 
 log = logging.getLogger("aioratelimit")
 

@@ -27,7 +27,8 @@ from __future__ import annotations
 from . import _public
 from ._web.answers import Refusal, RespondWithApp
 from ._web.clients import ClientFunc, client_ip, credentials, header, path_param, user_id
-from ._web.idempotency import STORED, FingerprintFunc, IdempotencyMiddleware, request_fingerprint
+from ._web.idempotency import IdempotencyMiddleware
+from ._web.idempotency_flow import STORED, FingerprintFunc, request_fingerprint
 from ._web.plans import Choice, LimiterFunc
 from ._web.ratelimit import RateLimitMiddleware, Rule
 from ._web.routes import route_path

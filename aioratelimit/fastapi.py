@@ -44,7 +44,13 @@ from ._idempotency.tokens import consume_token
 from ._limits.failure import Breaker, Fallback
 from ._limits.limiter import Limiter
 from ._rates import Decision
-from ._web.answers import UNAVAILABLE_RETRY_AFTER, OutageLog, Refusal, check_respond
+from ._web.answers import (
+    UNAVAILABLE_RETRY_AFTER,
+    OutageLog,
+    Refusal,
+    check_respond,
+    problem_kind,
+)
 from ._web.clients import (
     ClientFunc,
     check_client_func,
@@ -168,7 +174,10 @@ class RateLimit:
     async def _refuse(self, verdict: Verdict, scope: Scope) -> ProblemException:
         if self.respond is None:
             fields = {k.decode(): v.decode() for k, v in verdict.fields}
-            return ProblemException(verdict.status, verdict.detail, fields)
+            kind = problem_kind(verdict.status)
+            return ProblemException(
+                verdict.status, verdict.detail, fields, kind=kind, violated=verdict.violated
+            )
         refused = verdict.refusal(scope)
         answer = self.respond(refused)
         if inspect.isawaitable(answer):

@@ -20,7 +20,7 @@ from .._errors import AioRateLimitError, BackendError, BackendUnavailable
 from .._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
 from .._locks.lock import Lock, Semaphore
 from .._scripts import MIN_CLUSTER_VERSION, MIN_REDIS_VERSION, ScriptCall
-from .._urls import CLUSTER_SCHEMES, SENTINEL_SCHEMES, redact
+from .._stores.urls import CLUSTER_SCHEMES, SENTINEL_SCHEMES, redact
 from .._version import __version__
 from . import admin as _admin
 from .output import NO_URL, CliError, open_backend, out

@@ -28,7 +28,7 @@ from typing import NoReturn
 
 from .._backend import Backend
 from .._errors import AioRateLimitError, BackendUnavailable
-from .._urls import redact
+from .._stores.urls import redact
 from .._version import __version__
 from .output import EXIT_USAGE, NO_URL, CliError, no_url_error, open_backend, resolve_url, table
 

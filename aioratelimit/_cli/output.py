@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from .._backend import Backend
-from .._urls import redact
+from .._stores.urls import redact
 
 #: The exit status of bad input and of errors (argparse's usage errors too).
 EXIT_USAGE = 2

@@ -49,12 +49,12 @@ from redis.crc import key_slot
 from .._aio import Gate, Keeper
 from .._errors import AioRateLimitError
 from .._scripts import Arg, OnCall, Reply, Script
-from .._urls import Address, parse_hosts, tls_query
 from .base import DEFAULT_CONNECT_TIMEOUT, observed, translate
 from .cluster_pubsub import ShardedPubSub
 from .endpoint import Endpoint, endpoint, tls_options
 from .loops import check_free
 from .notify import Notifier
+from .urls import Address, parse_hosts, tls_query
 from .wire import Link, ReplyError, pack, pack_command
 
 log = logging.getLogger("aioratelimit")

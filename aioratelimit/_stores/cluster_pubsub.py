@@ -16,9 +16,9 @@ from typing import Any, Protocol
 from redis import exceptions as redis_errors
 from redis.crc import key_slot
 
-from .._urls import Address
 from .base import translate
 from .pubsub import no_retry
+from .urls import Address
 
 
 class Topology(Protocol):

@@ -21,10 +21,10 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .._scripts import OnCall
-from .._urls import parse_hosts, tls_query
 from .endpoint import TLS_NAMES, Endpoint, endpoint, tls_context, tls_options
 from .pubsub import DedicatedPubSub
 from .standalone import OnLoop, RedisStore
+from .urls import parse_hosts, tls_query
 
 
 class SentinelStore(RedisStore):

@@ -1,11 +1,11 @@
 """HTTP answers: what the web faces send back once a limiter or a store has decided.
 
-- the IETF ``RateLimit`` / ``RateLimit-Policy`` fields (draft-ietf-httpapi-ratelimit-headers)
-  and ``Retry-After``, computed from a ``Decision``, on request the legacy
-  ``X-RateLimit-Limit`` / ``-Remaining`` / ``-Reset`` trio, and ``X-RateLimit-Shadow``;
+- ``Retry-After`` (the ``RateLimit`` fields of a ``Decision`` are ``headers``'s);
 - ``Refusal``: a refused request as a ``respond=`` hook sees it, to shape the answer;
-- RFC 9457 problem bodies (``application/problem+json``) and their detail texts, so the ASGI
-  middleware and the FastAPI dependencies word a refusal the same way;
+- RFC 9457 problem bodies (``application/problem+json``) and their detail texts, so every
+  web face words a refusal the same way: a rate limit's 429 is the ``quota-exceeded`` problem
+  type and its 503 ``temporary-reduced-capacity`` (draft-ietf-httpapi-ratelimit-headers-11),
+  both naming the ``violated-policies``; other refusals are ``about:blank``;
 - the throttled WARNING line for a backend outage.
 """
 
@@ -20,10 +20,8 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from .._args import check_key
-from .._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
-from .._limits.limiter import Limiter
 from .._rates import Decision
+from .headers import seconds_header
 from .types import ASGIApp, Message, Scope, Send
 
 log = logging.getLogger("aioratelimit")
@@ -35,124 +33,9 @@ UNAVAILABLE_RETRY_AFTER = 5
 WEB_POLICIES = ("deny", "allow")
 
 
-def check_limiter(limiter: object) -> Limiter:
-    """``limiter`` if it is one whose quota the ``RateLimit`` fields can describe."""
-    if not isinstance(limiter, (FixedWindow, SlidingWindow, TokenBucket)):
-        raise TypeError(
-            "limiter must be a FixedWindow, SlidingWindow or TokenBucket,"
-            f" not {type(limiter).__name__}"
-        )
-    return limiter
-
-
-# -- IETF RateLimit fields ----------------------------------------------------------------
-
-
-def sf_string(text: str) -> str:
-    """``text`` as a Structured Field string (RFC 8941 §3.3.3)."""
-    if not all(" " <= c <= "~" for c in text):
-        raise ValueError(f"a policy name must be printable ASCII: {text!r}")
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def seconds_header(seconds: float) -> int:
-    """Whole seconds for ``Retry-After`` and ``t=``: rounded up, at least 1."""
-    return max(1, math.ceil(seconds - 1e-9))
-
-
 def retry_after_field(seconds: float) -> tuple[bytes, bytes]:
     """The ``Retry-After`` field for a wait of ``seconds``."""
     return (b"retry-after", str(seconds_header(seconds)).encode())
-
-
-#: The field a shadow decision adds to the response: what the limit said.
-SHADOW_HEADER = b"x-ratelimit-shadow"
-
-
-def shadow_fields(decision: Decision) -> list[tuple[bytes, bytes]]:
-    """``X-RateLimit-Shadow: denied`` (or ``allowed``) for a shadow decision; else none."""
-    if not decision.shadow:
-        return []
-    return [(SHADOW_HEADER, b"denied" if decision.shadow_denied else b"allowed")]
-
-
-def _whole(seconds: float) -> int:
-    return max(0, math.ceil(seconds - 1e-9))
-
-
-class QuotaPolicy:
-    """A limiter's quota policies under one name, and the header values they produce.
-
-    A limiter with one rate is one policy named ``name``; with several, one policy per rate,
-    ``name-1``, ``name-2``..., and ``RateLimit`` reports the tightest (the decision's limit).
-    A token bucket's quota is its burst, its window the time to refill a full burst.
-    """
-
-    __slots__ = ("_items", "name", "policy_header")
-
-    def __init__(self, limiter: Limiter, name: str) -> None:
-        kind = check_limiter(limiter)
-        quotas: list[tuple[int, int]] = []
-        if isinstance(kind, TokenBucket):
-            rate = kind.rate
-            quotas.append((kind.burst, seconds_header(kind.burst * rate.window / rate.limit)))
-        elif isinstance(kind, (FixedWindow, SlidingWindow)):
-            quotas.extend((r.limit, seconds_header(r.window)) for r in kind.rates)
-        self.name = self.check_name(name)
-        if len(quotas) == 1:
-            names = [sf_string(name)]
-        else:
-            names = [sf_string(f"{name}-{i}") for i in range(1, len(quotas) + 1)]
-        self._items = [(n, q) for n, (q, _) in zip(names, quotas, strict=True)]
-        self.policy_header = ", ".join(
-            f"{n};q={q};w={w}" for n, (q, w) in zip(names, quotas, strict=True)
-        ).encode("ascii")
-
-    @staticmethod
-    def check_name(name: object) -> str:
-        """A policy name: a non-empty printable-ASCII ``str``."""
-        check_key(name, "policy_name")
-        assert isinstance(name, str)
-        sf_string(name)
-        return name
-
-    def _item(self, limit: int) -> str:
-        for item, quota in self._items:
-            if quota == limit:
-                return item
-        return self._items[0][0]
-
-    @staticmethod
-    def reset_seconds(decision: Decision) -> int:
-        """``t`` of the ``RateLimit`` field: for a denied request when this cost could pass
-        (it equals ``Retry-After``); otherwise when the quota is fully replenished."""
-        if decision.allowed:
-            return _whole(decision.reset_after)
-        return seconds_header(decision.retry_after)
-
-    def ratelimit(self, decision: Decision) -> bytes:
-        """The ``RateLimit`` field: remaining quota and seconds until it resets."""
-        item = self._item(decision.limit)
-        return f"{item};r={decision.remaining};t={self.reset_seconds(decision)}".encode("ascii")
-
-    def headers(self, decision: Decision, legacy: bool = False) -> list[tuple[bytes, bytes]]:
-        """The fields an admitted or a limited response carries; with ``legacy``, also
-        ``X-RateLimit-Limit``, ``-Remaining`` and ``-Reset`` (a Unix time in whole seconds,
-        as GitHub and most clients read it: when ``t`` of ``RateLimit`` runs out)."""
-        fields = [
-            (b"ratelimit-policy", self.policy_header),
-            (b"ratelimit", self.ratelimit(decision)),
-        ]
-        if not decision.allowed:
-            fields.append(retry_after_field(decision.retry_after))
-        if legacy:
-            t = self.reset_seconds(decision)
-            fields += [
-                (b"x-ratelimit-limit", str(decision.limit).encode()),
-                (b"x-ratelimit-remaining", str(decision.remaining).encode()),
-                (b"x-ratelimit-reset", str(math.ceil(time.time()) + t).encode()),
-            ]
-        return fields
 
 
 # -- refusals users shape ------------------------------------------------------------------
@@ -166,8 +49,10 @@ class Refusal:
     closed); ``headers`` the fields the default answer carries (lower-case names:
     ``retry-after`` always, ``ratelimit-policy`` and ``ratelimit`` on a 429, the
     ``x-ratelimit-*`` trio with ``legacy_headers``); ``retry_after`` the whole seconds of
-    ``Retry-After``; ``detail`` the default problem text; ``decision`` and ``policy`` the
-    denied decision and its policy name (``None`` on a 503); ``scope`` the request's.
+    ``Retry-After``; ``detail`` the default problem text; ``decision`` the denied decision
+    (``None`` on a 503) and ``policy`` the request's policy name; ``scope`` the request's;
+    ``violated_policies`` the policy items the default problem document names (the one
+    exceeded on a 429, every one of the request's policy on a 503).
     """
 
     status: int
@@ -177,6 +62,7 @@ class Refusal:
     decision: Decision | None
     policy: str | None
     scope: Scope
+    violated_policies: tuple[str, ...] = ()
 
 
 def refusal(
@@ -186,9 +72,11 @@ def refusal(
     scope: Scope,
     decision: Decision | None = None,
     policy: str | None = None,
+    violated: tuple[str, ...] = (),
 ) -> Refusal:
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in fields}
-    return Refusal(status, detail, headers, int(headers["retry-after"]), decision, policy, scope)
+    retry = int(headers["retry-after"])
+    return Refusal(status, detail, headers, retry, decision, policy, scope, violated)
 
 
 #: ``respond=`` of the middleware: builds the answer to a refusal, as any ASGI app (a
@@ -221,16 +109,39 @@ def unavailable_detail(what: str) -> str:
     return f"the {what} backend is unavailable; try again later"
 
 
-def problem_body(status: int, detail: str, **extra: Any) -> bytes:
-    """An RFC 9457 problem document (``type`` is ``about:blank``: the title is the status)."""
-    doc = {
-        "type": "about:blank",
-        "title": _TITLES.get(status) or HTTPStatus(status).phrase,
-        "status": status,
-        "detail": detail,
-        **extra,
-    }
+#: The problem types of draft-ietf-httpapi-ratelimit-headers-11 (§5, registered in IANA's
+#: HTTP Problem Types): a rate limit's refusals are these, never ``about:blank``.
+QUOTA_EXCEEDED = "quota-exceeded"
+TEMPORARY_REDUCED_CAPACITY = "temporary-reduced-capacity"
+PROBLEM_TYPES = {
+    QUOTA_EXCEEDED: "Quota Exceeded",
+    TEMPORARY_REDUCED_CAPACITY: "Temporary Reduced Capacity",
+    "abnormal-usage-detected": "Abnormal Usage Detected",
+}
+PROBLEM_TYPE_BASE = "https://iana.org/assignments/http-problem-types#"
+
+
+def problem_body(
+    status: int, detail: str, kind: str | None = None, violated: Sequence[str] = ()
+) -> bytes:
+    """An RFC 9457 problem document: ``about:blank`` (the title is the status), or with a
+    ``kind`` of ``PROBLEM_TYPES`` that type, its title and ``violated-policies``."""
+    if kind is None:
+        doc: dict[str, Any] = {
+            "type": "about:blank",
+            "title": _TITLES.get(status) or HTTPStatus(status).phrase,
+        }
+    else:
+        doc = {"type": PROBLEM_TYPE_BASE + kind, "title": PROBLEM_TYPES[kind]}
+    doc.update(status=status, detail=detail)
+    if kind is not None:
+        doc["violated-policies"] = list(violated)
     return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def problem_kind(status: int) -> str:
+    """A rate limit's problem type for a refusal of ``status`` (429 or 503)."""
+    return QUOTA_EXCEEDED if status == 429 else TEMPORARY_REDUCED_CAPACITY
 
 
 async def send_problem(
@@ -238,9 +149,11 @@ async def send_problem(
     status: int,
     detail: str,
     headers: Sequence[tuple[bytes, bytes]] = (),
+    kind: str | None = None,
+    violated: Sequence[str] = (),
 ) -> None:
     """Answer with a problem document and the given extra headers."""
-    body = problem_body(status, detail)
+    body = problem_body(status, detail, kind, violated)
     await send(
         {
             "type": "http.response.start",

@@ -31,9 +31,10 @@ from .answers import (
     OutageLog,
     Refusal,
     exceeded_detail,
+    problem_body,
+    problem_kind,
     refusal,
     retry_after_field,
-    shadow_fields,
     unavailable_detail,
 )
 from .clients import resolve
@@ -50,10 +51,10 @@ _HIT = int(Mode.HIT)
 class Verdict:
     """What a face answers a request the limit counted: ``status`` 200 (admitted: the app
     runs with ``fields`` added), 429 (limited) or 503 (the backend is unavailable), with
-    the ``fields`` and ``detail`` of the refusal, and the ``decision`` and ``policy`` name
-    (``None`` on a 503)."""
+    the ``fields`` and ``detail`` of the refusal, the ``decision`` (``None`` on a 503), the
+    ``policy`` name and the ``violated`` policy items the problem document names."""
 
-    __slots__ = ("decision", "detail", "fields", "policy", "status")
+    __slots__ = ("decision", "detail", "fields", "policy", "status", "violated")
 
     def __init__(
         self,
@@ -62,13 +63,20 @@ class Verdict:
         decision: Decision | None,
         detail: str = "",
         policy: str | None = None,
+        violated: tuple[str, ...] = (),
     ) -> None:
         self.status, self.fields, self.decision = status, fields, decision
-        self.detail, self.policy = detail, policy
+        self.detail, self.policy, self.violated = detail, policy, violated
 
     def refusal(self, scope: Scope) -> Refusal:
         """The refusal as a ``respond=`` hook is given it."""
-        return refusal(self.status, self.detail, self.fields, scope, self.decision, self.policy)
+        return refusal(
+            self.status, self.detail, self.fields, scope, self.decision, self.policy, self.violated
+        )
+
+    def problem(self) -> bytes:
+        """The default answer's RFC 9457 document: the draft's problem type for the status."""
+        return problem_body(self.status, self.detail, problem_kind(self.status), self.violated)
 
 
 def placed(place: str, client: str) -> str:
@@ -93,8 +101,8 @@ class RateLimitFlow:
         "_guards",
         "_options",
         "_outage",
+        "_retry_unavailable",
         "_store",
-        "_unavailable",
         "legacy_headers",
         "on_unavailable",
     )
@@ -121,8 +129,7 @@ class RateLimitFlow:
         # The fallback twins' own memory:// store: counted in this process only.
         self._store = Backend.from_url("memory://") if fallback != "raise" else None
         self.legacy_headers = bool(legacy_headers)
-        detail = unavailable_detail("rate limit")
-        self._unavailable = Verdict(503, [retry_after_field(unavailable_retry_after)], None, detail)
+        self._retry_unavailable = retry_after_field(unavailable_retry_after)
         self._outage = OutageLog(face)
 
     def _guard(self, limiter: Limiter, options: Options) -> Guard[Decision]:
@@ -159,10 +166,17 @@ class RateLimitFlow:
         except BackendUnavailable as exc:
             allow = self.on_unavailable == "allow"
             self._outage(exc, allow)
-            return None if allow else self._unavailable
-        fields = pick.policy.headers(decision, self.legacy_headers)
-        if decision.shadow:
-            fields += shadow_fields(decision)
+            if allow:
+                return None
+            # The quota is down to nothing while the backend is away: every policy item of
+            # the request's is the one its temporary-reduced-capacity 503 names.
+            policy = pick.policy
+            detail = unavailable_detail("rate limit")
+            fields = [self._retry_unavailable]
+            return Verdict(503, fields, None, detail, policy.name, policy.names)
+        policy = pick.policy
+        fields = policy.headers(decision, self.legacy_headers)
         if decision.allowed:
             return Verdict(200, fields, decision)
-        return Verdict(429, fields, decision, exceeded_detail(decision), pick.policy.name)
+        violated = (policy.violated(decision),)
+        return Verdict(429, fields, decision, exceeded_detail(decision), policy.name, violated)

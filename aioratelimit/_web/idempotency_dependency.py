@@ -34,7 +34,7 @@ from .._limits.failure import check_on_unavailable
 from .._public import NoPublicConstructor
 from .answers import UNAVAILABLE_RETRY_AFTER, WEB_POLICIES, OutageLog
 from .clients import ClientFunc, check_client_func, identity, resolve
-from .idempotency import (
+from .idempotency_flow import (
     MAX_IDEMPOTENCY_KEY,
     FingerprintFunc,
     call_fingerprint,

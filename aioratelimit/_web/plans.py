@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable
 
 from .._args import check_int
 from .._limits.limiter import Limiter
-from .answers import QuotaPolicy, check_limiter
 from .clients import ClientFunc
+from .headers import QuotaPolicy, check_limiter, choose_policy_name
 from .types import Scope
 
 #: What a ``LimiterFunc`` answers: a limiter (counted at the plan's cost), a limiter and
@@ -85,7 +85,7 @@ class Plan:
         if policy is None:
             if len(self._policies) >= POLICY_CACHE:
                 self._policies.clear()
-            policy = QuotaPolicy(limiter, self.name or limiter.name or self.default_name)
+            policy = QuotaPolicy(limiter, choose_policy_name(self.name, limiter, self.default_name))
             self._policies[limiter] = policy
         return policy
 

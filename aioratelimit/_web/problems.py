@@ -8,16 +8,19 @@ built. It imports FastAPI, so nothing the ASGI middleware uses may import it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from fastapi import FastAPI, HTTPException, Request, Response
 
-from .answers import problem_body, seconds_header, unavailable_detail
+from .answers import problem_body, unavailable_detail
+from .headers import seconds_header
 
 
 class ProblemException(HTTPException):
     """An ``HTTPException`` that ``add_problem_handler`` renders as a problem document, or
-    as ``response`` when a ``respond=`` hook built one."""
+    as ``response`` when a ``respond=`` hook built one. ``kind`` is a problem type of
+    draft-ietf-httpapi-ratelimit-headers (``"quota-exceeded"``...), with the
+    ``violated`` policy names; ``None``: ``about:blank``."""
 
     def __init__(
         self,
@@ -26,9 +29,11 @@ class ProblemException(HTTPException):
         headers: Mapping[str, str] | None = None,
         *,
         response: Response | None = None,
+        kind: str | None = None,
+        violated: Sequence[str] = (),
     ) -> None:
         super().__init__(status_code, detail, dict(headers) if headers else None)
-        self.problem = problem_body(status_code, detail)
+        self.problem = problem_body(status_code, detail, kind, violated)
         self.response = response
 
 

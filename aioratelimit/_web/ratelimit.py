@@ -15,6 +15,7 @@ from .answers import (
     UNAVAILABLE_RETRY_AFTER,
     RespondWithApp,
     check_respond,
+    problem_kind,
     send_problem,
     with_headers,
 )
@@ -73,6 +74,55 @@ class Rule:
         return f"<Rule {self.place} {self.limiter!r} cost={self.cost}>"
 
 
+class RuleBook:
+    """Which plan a request falls under: none for an ``exempt`` path, else the first rule
+    matching its method and path, else the default ``limiter`` (if any). Every rate-limit
+    middleware (ASGI, aiohttp) holds one, built from its options and checked at once."""
+
+    __slots__ = ("_default", "_exempt", "_rules")
+
+    def __init__(
+        self,
+        limiter: Limiter | LimiterFunc | None,
+        client: ClientFunc | None,
+        rules: Sequence[Rule],
+        exempt: Iterable[str] | str,
+        policy_name: str | None,
+        cost: int,
+    ) -> None:
+        client = check_client_func(client, "client")
+        if client is None:
+            client = client_ip()
+        for rule in rules:
+            if not isinstance(rule, Rule):
+                raise TypeError(f"rules must hold Rule objects, not {type(rule).__name__}")
+        if limiter is None and not rules:
+            raise ValueError("a rate-limit middleware needs a limiter, rules, or both")
+        self._exempt = templates(exempt)
+        fallback = policy_name or "default"
+        self._rules = [
+            (rule, Plan(rule.limiter, rule.client or client, rule.cost, rule.name, fallback))
+            for rule in rules
+        ]
+        self._default = (
+            None if limiter is None else Plan(limiter, client, cost, policy_name, fallback)
+        )
+
+    def plan(self, method: str, path: str) -> tuple[Plan | None, str | None]:
+        """The request's plan (None: not limited) and where it was declared (a rule's
+        place; None for the default, one count across every route)."""
+        if matches_any(self._exempt, path):
+            return None, None
+        for rule, plan in self._rules:
+            if rule.matches(method, path):
+                return plan, rule.place
+        return self._default, None
+
+    def __repr__(self) -> str:
+        default = "-" if self._default is None else repr(self._default)
+        return f"default={default} rules={len(self._rules)} exempt={len(self._exempt)}"
+
+
 class RateLimitMiddleware:
     """Counts each HTTP request against a limiter and answers 429 once the limit is reached.
 
@@ -106,7 +156,7 @@ class RateLimitMiddleware:
     WebSocket and lifespan scopes pass through untouched.
     """
 
-    __slots__ = ("_default", "_exempt", "_flow", "_rules", "app", "respond")
+    __slots__ = ("_book", "_flow", "app", "respond")
 
     def __init__(
         self,
@@ -125,15 +175,8 @@ class RateLimitMiddleware:
         breaker: Breaker | None = None,
         shadow: bool = False,
     ) -> None:
-        client = check_client_func(client, "client")
-        if client is None:
-            client = client_ip()
-        for rule in rules:
-            if not isinstance(rule, Rule):
-                raise TypeError(f"rules must hold Rule objects, not {type(rule).__name__}")
-        if limiter is None and not rules:
-            raise ValueError("RateLimitMiddleware needs a limiter, rules, or both")
         self.app = app
+        self._book = RuleBook(limiter, client, rules, exempt, policy_name, cost)
         self._flow = RateLimitFlow(
             "RateLimitMiddleware",
             on_unavailable=on_unavailable,
@@ -143,38 +186,26 @@ class RateLimitMiddleware:
             unavailable_retry_after=unavailable_retry_after,
         )
         self.respond = check_respond(respond)
-        self._exempt = templates(exempt)
-        fallback = policy_name or "default"
-        self._rules = [
-            (rule, Plan(rule.limiter, rule.client or client, rule.cost, rule.name, fallback))
-            for rule in rules
-        ]
-        self._default = (
-            None if limiter is None else Plan(limiter, client, cost, policy_name, fallback)
-        )
-
-    def _plan(self, method: str, path: str) -> tuple[Plan | None, str | None]:
-        """The request's plan (None: not limited) and where it was declared (a rule's
-        place; None for the default, one count across every route)."""
-        if matches_any(self._exempt, path):
-            return None, None
-        for rule, plan in self._rules:
-            if rule.matches(method, path):
-                return plan, rule.place
-        return self._default, None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        plan, place = self._plan(scope["method"], route_path(scope))
+        plan, place = self._book.plan(scope["method"], route_path(scope))
         verdict = None if plan is None else await self._flow.check(plan, scope, place)
         if verdict is None:
             await self.app(scope, receive, send)
         elif verdict.status == 200:
             await self.app(scope, receive, with_headers(send, verdict.fields))
         elif self.respond is None:
-            await send_problem(send, verdict.status, verdict.detail, verdict.fields)
+            await send_problem(
+                send,
+                verdict.status,
+                verdict.detail,
+                verdict.fields,
+                problem_kind(verdict.status),
+                verdict.violated,
+            )
         else:
             answer = self.respond(verdict.refusal(scope))
             if inspect.isawaitable(answer):
@@ -190,8 +221,4 @@ class RateLimitMiddleware:
         return self._flow.legacy_headers
 
     def __repr__(self) -> str:
-        default = "-" if self._default is None else repr(self._default)
-        return (
-            f"<RateLimitMiddleware default={default} rules={len(self._rules)}"
-            f" exempt={len(self._exempt)} on_unavailable={self.on_unavailable!r}>"
-        )
+        return f"<RateLimitMiddleware {self._book!r} on_unavailable={self.on_unavailable!r}>"

@@ -37,7 +37,7 @@ _UNSAFE = frozenset(
 )
 
 
-def _encode_response(status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes) -> bytes:
+def encode_response(status: int, headers: Sequence[tuple[bytes, bytes]], body: bytes) -> bytes:
     """One stored response: a JSON head line (status, safe headers), then the body."""
     head = {
         "status": status,
@@ -50,7 +50,7 @@ def _encode_response(status: int, headers: Sequence[tuple[bytes, bytes]], body: 
     return json.dumps(head, separators=(",", ":")).encode() + b"\n" + body
 
 
-def _decode_response(payload: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+def decode_response(payload: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     head, _, body = payload.partition(b"\n")
     doc = json.loads(head)
     headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in doc["headers"]]
@@ -109,12 +109,12 @@ class ResponseCopy:
     def payload(self) -> bytes:
         """The recorded response, encoded for the store (only once ``storable()``)."""
         assert self.status is not None
-        return _encode_response(self.status, self.headers, b"".join(self.body))
+        return encode_response(self.status, self.headers, b"".join(self.body))
 
 
 async def send_recorded(send: Send, payload: bytes) -> None:
     """Answer with a stored response, marked ``Idempotent-Replayed: true``."""
-    status, headers, body = _decode_response(payload)
+    status, headers, body = decode_response(payload)
     await send(
         {
             "type": "http.response.start",

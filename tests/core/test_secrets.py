@@ -16,7 +16,7 @@ import pytest
 import aioratelimit as arl
 from aioratelimit._idempotency.tokens import _key
 from aioratelimit._keys import keyring
-from aioratelimit._urls import check_scheme, redact
+from aioratelimit._stores.urls import check_scheme, redact
 from aioratelimit.fastapi import header
 from aioratelimit.testing import default_backend, memory_backend
 

@@ -1,6 +1,7 @@
 """Every face's public surface: what ``__all__`` lists is public all the way down.
 
-The faces are ``aioratelimit``, ``.asgi``, ``.fastapi``, ``.testing`` and ``.otel``. Each
+The faces are ``aioratelimit``, ``.aiohttp``, ``.asgi``, ``.fastapi``, ``.testing`` and
+``.otel``. Each
 class and function they export names its face as its module, has a signature ``inspect``
 can read, and shows only public types in it; the public exceptions, ``Decision`` and
 ``Rate`` survive a pickle round trip.
@@ -30,6 +31,7 @@ from aioratelimit._rates import new_decision
 
 FACES = [
     "aioratelimit",
+    "aioratelimit.aiohttp",
     "aioratelimit.asgi",
     "aioratelimit.fastapi",
     "aioratelimit.testing",
@@ -43,6 +45,7 @@ FOREIGN = (
     | set(dir(typing))
     | set(dir(collections.abc))
     | {"TracebackType", "Request", "Response", "FastAPI", "MeterProvider", "TracerProvider"}
+    | {"web", "StreamResponse", "Handler"}  # aiohttp's (aiohttp.web, aiohttp.typedefs)
     | {"params", "Depends"}  # fastapi.params.Depends
     | {"P", "R", "args", "kwargs"}
 )

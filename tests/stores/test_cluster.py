@@ -27,7 +27,7 @@ import aioratelimit as arl
 from aioratelimit._scripts import FIXED_WINDOW, script
 from aioratelimit._stores.cluster import ClusterStore
 from aioratelimit._stores.cluster_pubsub import ShardedPubSub
-from aioratelimit._urls import parse_hosts
+from aioratelimit._stores.urls import parse_hosts
 
 #: A test-only script that wakes waiters the way the lock and idempotency scripts do:
 #: with the backend's publish command, on a channel that carries the keys' hash tag.

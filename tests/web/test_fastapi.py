@@ -106,10 +106,11 @@ async def test_rate_limit_dependency_needs_no_request_parameter(store_url: str) 
     assert denied.headers["ratelimit"] == f'"default";r=0;t={retry}'
     assert denied.headers["content-type"] == "application/problem+json"
     assert denied.json() == {
-        "type": "about:blank",
-        "title": "Too Many Requests",
+        "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
+        "title": "Quota Exceeded",
         "status": 429,
         "detail": f"rate limit exceeded; try again in {retry} s",
+        "violated-policies": ["default"],
     }
 
 

@@ -23,9 +23,9 @@ from support.servers import RedisServer
 from support.webserver import fresh_backend, serving
 
 import aioratelimit as arl
-from aioratelimit._web import answers as _http_answers
 from aioratelimit._web import clients as _clients
-from aioratelimit._web.idempotency import parse_idempotency_key
+from aioratelimit._web import headers as _http_headers
+from aioratelimit._web.idempotency_flow import parse_idempotency_key
 from aioratelimit.asgi import (
     IdempotencyMiddleware,
     RateLimitMiddleware,
@@ -95,10 +95,11 @@ async def test_limit_answers_429_with_problem_and_ietf_headers(store_url: str) -
     assert limited.headers["ratelimit-policy"] == '"default";q=3;w=60'
     assert limited.headers["ratelimit"] == f'"default";r=0;t={retry}'
     assert limited.json() == {
-        "type": "about:blank",
-        "title": "Too Many Requests",
+        "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
+        "title": "Quota Exceeded",
         "status": 429,
         "detail": f"rate limit exceeded; try again in {retry} s",
+        "violated-policies": ["default"],
     }
     assert int(limited.headers["content-length"]) == len(limited.content)
 
@@ -225,10 +226,11 @@ async def test_backend_down_fails_closed_with_503(
     assert down.headers["retry-after"] == "5"
     assert down.headers["content-type"] == "application/problem+json"
     assert down.json() == {
-        "type": "about:blank",
-        "title": "Service Unavailable",
+        "type": "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity",
+        "title": "Temporary Reduced Capacity",
         "status": 503,
         "detail": "the rate limit backend is unavailable; try again later",
+        "violated-policies": ["default"],
     }
     lines = [r for r in caplog.records if r.name == "aioratelimit"]
     assert len(lines) == 1, lines  # throttled: one line for the burst of failures
@@ -351,14 +353,14 @@ async def test_header_path_and_user_keys() -> None:
 def test_policy_fields_for_several_rates_and_a_token_bucket() -> None:
     """Several rates are one policy each and RateLimit names the tightest; a token bucket's
     window is the time to refill its burst."""
-    policy = _http_answers.QuotaPolicy(arl.FixedWindow("10/second", "100/minute"), "api")
-    assert policy.policy_header == b'"api-1";q=10;w=1, "api-2";q=100;w=60'
+    policy = _http_headers.QuotaPolicy(arl.FixedWindow("10/second", "100/minute"), "api")
+    assert policy.policy_header == '"api-1";q=10;w=1, "api-2";q=100;w=60'
     tight = arl.Decision(False, 100, 0, 20.0, 12.2)
-    assert policy.ratelimit(tight) == b'"api-2";r=0;t=13'
-    bucket = _http_answers.QuotaPolicy(arl.TokenBucket("10/second", burst=20), "tb")
-    assert bucket.policy_header == b'"tb";q=20;w=2'
-    assert bucket.ratelimit(arl.Decision(True, 20, 19, 0.1, 0.0)) == b'"tb";r=19;t=1'
-    assert _http_answers.sf_string('a"b\\c') == '"a\\"b\\\\c"'
+    assert policy.ratelimit(tight) == '"api-2";r=0;t=13'
+    bucket = _http_headers.QuotaPolicy(arl.TokenBucket("10/second", burst=20), "tb")
+    assert bucket.policy_header == '"tb";q=20;w=2'
+    assert bucket.ratelimit(arl.Decision(True, 20, 19, 0.1, 0.0)) == '"tb";r=19;t=1'
+    assert _http_headers.sf_string('a"b\\c') == '"a\\"b\\\\c"'
 
 
 async def test_other_scopes_pass_through_untouched() -> None:
