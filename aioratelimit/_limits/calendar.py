@@ -39,8 +39,9 @@ def _zone(tz: object) -> ZoneInfo:
         raise TypeError(f"Quota.tz must be an IANA time zone name (str), not {type(tz).__name__}")
     try:
         return ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
-        # (ValueError: a path, not a key, such as '/etc/localtime' or '../x'.)
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+        # (ValueError: a path, not a key, such as '/etc/localtime' or '../x', or a file
+        # that is no zone, such as 'zone.tab'.)
         raise ValueError(
             f"Quota.tz {tz!r} is not an IANA time zone, such as 'UTC' or 'Europe/Berlin'"
         ) from exc
@@ -122,11 +123,17 @@ class Quota:
         while start > now_us:
             day = _before(day, self.period)
             start = self._start_us(day, zone)
-        end = self._start_us(_after(day, self.period), zone)
+        day = _after(day, self.period)
+        end = self._start_us(day, zone)
         while end <= now_us:
             day = _after(day, self.period)
-            start, end = end, self._start_us(_after(day, self.period), zone)
-        return start, end, self._start_us(_after(_after(day, self.period), self.period), zone)
+            start, end = end, self._start_us(day, zone)
+        # The next period that has an instant at all (Pacific/Apia skipped 30 December 2011).
+        after = end
+        while after <= end:
+            day = _after(day, self.period)
+            after = self._start_us(day, zone)
+        return start, end, after
 
     def __str__(self) -> str:
         return f"{self.limit}/{self.period}@{self.tz}"

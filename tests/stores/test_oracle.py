@@ -154,7 +154,9 @@ QUOTA_KEYS = {
     Q2[1]: ("day", "UTC"),
     Q3[1]: ("week", "Asia/Tokyo"),
 }
-FIXED = ((R1,), (R4,), (R3, R4), (R2, R5, R6), (Q2,), (R4, Q1, Q3), (R1, Q2, Q3))
+FIXED: tuple[Rates, ...] = (
+    (R1,), (R4,), (R3, R4), (R2, R5, R6), (Q2,), (R4, Q1, Q3), (R1, Q2, Q3)
+)  # fmt: skip
 SLIDING = ((1, (R3,)), (3, (R4,)), (3, (R2, R4)), (10, (R1,)), (1000, (R5, R1)))
 BUCKETS = (R1, 1), (R3, 2), (R4, 5), (R5, 2)
 LOCK_NAMES = ("L1", "L2")
@@ -1092,7 +1094,8 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     stale = calls[-2][2][-1]
     assert isinstance(stale, str)
     start, end, after = map(int, stale.split(","))
-    assert start < end < after and not start <= T0 < after
+    assert start < end < after
+    assert not start <= T0 < after
     quota_rates: Rates = (R4, Q1)
     expect("fixed_window", fixed_keys("u", quota_rates), (1, 1, *R4, Q1[0], stale))
     expect("fixed_window", fixed_keys("u", quota_rates), (1, 1, *rate_args(quota_rates)))
