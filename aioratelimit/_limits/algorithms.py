@@ -25,9 +25,6 @@ from .limiter import Limiter
 #: Most sub-window buckets a SlidingWindow may use (the script reads them all per hit).
 MAX_BUCKETS = 1000
 
-#: What a FixedWindow counts: rates (or strings of them) and calendar quotas.
-RateOrQuota = RateLike | Quota
-
 
 def _rates(rates: Sequence[Any], kind: str = "") -> tuple[Rate | Quota, ...]:
     """The rates as given: each ``Rate``, ``Quota`` (with ``kind``, the limiter that takes
@@ -76,16 +73,9 @@ class FixedWindow(Limiter):
     _refund_script = _scripts.FIXED_WINDOW_REFUND
     _kind = "fw"
 
-    def __new__(cls, *rates: object, **options: object) -> FixedWindow:
-        # With a calendar quota, the subclass that sends the periods' bounds: the plain
-        # limiter's hits keep their one call, without a test for quotas.
-        if cls is FixedWindow and any(isinstance(r, Quota) for r in rates):
-            cls = _CalendarWindow
-        return super().__new__(cls)
-
     def __init__(
         self,
-        *rates: RateOrQuota,
+        *rates: RateLike | Quota,
         backend: Backend | None = None,
         name: str | None = None,
         count_denied: bool = False,
@@ -97,6 +87,10 @@ class FixedWindow(Limiter):
     ):
         super().__init__(backend, name, count_denied, blockable)
         self.rates: tuple[Rate | Quota, ...] = _rates(rates)
+        if any(isinstance(r, Quota) for r in self.rates):
+            # The subclass that sends the periods' bounds (the same slots), before its
+            # ``_send`` is handed to the guard: a plain limiter's hit tests for no quota.
+            self.__class__ = _CalendarWindow
         self._suffixes = tuple(
             _keys.rate_suffix(r.limit, r.window_us)
             if isinstance(r, Rate)
@@ -107,6 +101,8 @@ class FixedWindow(Limiter):
             v for r in self.rates for v in (r.limit, r.window_us if isinstance(r, Rate) else 0)
         )
         self._max_cost = min(r.limit for r in self.rates)
+        if isinstance(self, _CalendarWindow):
+            self._bound(time.time_ns() // 1000)
         self._options(self.rates, deny_cache, on_unavailable, breaker, shadow)
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
@@ -126,22 +122,15 @@ class _CalendarWindow(FixedWindow):
     server's clock once more. That happens once a period per limiter (its bounds are kept
     between hits), and once more only if the server's clock moves by a period meanwhile."""
 
-    __slots__ = ("_quotas",)
-
-    def __init__(self, *rates: RateOrQuota, **options: Any) -> None:
-        super().__init__(*rates, **options)
-        #: (the quota, the position of its window in the script's arguments after the
-        #: cost and the mode)
-        self._quotas = tuple(
-            (r, 2 * i + 1) for i, r in enumerate(self.rates) if isinstance(r, Quota)
-        )
-        self._bound(time.time_ns() // 1000)
+    __slots__ = ()  # (a FixedWindow becomes one: ``__class__`` assignment)
 
     def _bound(self, now_us: int) -> None:
-        """Its arguments with every quota's bounds around ``now_us``."""
+        """Its arguments with every quota's bounds around ``now_us``, each in place of its
+        window (rate i's is the script's ARGV[4 + 2i], its ``_args[2i + 1]``)."""
         args: list[int | str] = list(self._args)
-        for quota, at in self._quotas:
-            args[at] = window_arg(quota.bounds(now_us))
+        for i, r in enumerate(self.rates):
+            if isinstance(r, Quota):
+                args[2 * i + 1] = window_arg(r.bounds(now_us))
         self._args = tuple(args)
 
     def _send(self, key: str, cost: int, mode: int, *extra: int) -> Awaitable[Reply]:
