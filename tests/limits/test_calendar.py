@@ -362,3 +362,27 @@ async def test_a_server_clock_that_leaves_the_bounds_twice_is_an_error(key: str)
         await limiter.hit(key)
     assert store.keyspace.data == {}
     await backend.aclose()
+
+
+async def test_the_options_send_the_bounds_too(backend: arl.Backend, key: str) -> None:
+    """Behind the guard (shadow mode, a deny cache) a quota's bounds left behind are sent
+    again all the same, and an in-process fallback counts the quota scaled, by the
+    calendar too."""
+    quota = arl.Quota(2, "day", tz="Europe/Berlin")
+    past = int(datetime.now(UTC).timestamp() * US) - 3 * 24 * H
+    shadow = arl.FixedWindow(quota, backend=backend, shadow=True, name="shadowed")
+    cached = arl.FixedWindow(quota, backend=backend, deny_cache=100, name="cached")
+    answers = []
+    for limiter in (shadow, cached):
+        assert isinstance(limiter, _CalendarWindow)
+        limiter._bound(past)
+        answers.append([await limiter.hit(key) for _ in range(3)])
+    assert [(d.allowed, d.remaining, d.shadow_denied) for d in answers[0]] == [
+        (True, 1, False),
+        (True, 0, False),
+        (True, 0, True),
+    ]
+    assert [(d.allowed, d.remaining) for d in answers[1]] == [(True, 1), (True, 0), (False, 0)]
+    falls_back = arl.FixedWindow(quota, backend=backend, on_unavailable=arl.Fallback(0.5))
+    assert isinstance(falls_back._fallback, _CalendarWindow)
+    assert falls_back._fallback.rates == (arl.Quota(1, "day", tz="Europe/Berlin"),)
