@@ -119,8 +119,9 @@ class _CalendarWindow(FixedWindow):
     bounds of the period around the last clock reading and of the next one (``calendar``),
     for the script to pick from by the server's clock. Bounds the server's clock has left
     behind are answered -1 with nothing written; then it sends the bounds around the
-    server's clock once more. That happens once a period per limiter (its bounds are kept
-    between hits), and once more only if the server's clock moves by a period meanwhile."""
+    server's clock once more: at most once a period per limiter, as its bounds are kept
+    between hits (answered -1 again, the server's clock moved by a period between the two
+    calls: ``BackendError``, nothing counted)."""
 
     __slots__ = ()  # (a FixedWindow becomes one: ``__class__`` assignment)
 
