@@ -9,12 +9,16 @@ periods that ``zoneinfo`` computes on its own, and bounds left behind on purpose
 
 from __future__ import annotations
 
+import pickle
 import uuid
+import zoneinfo
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import aioratelimit as arl
 from aioratelimit._limits.algorithms import _CalendarWindow
@@ -167,6 +171,27 @@ def test_periods_tile_time_from_the_first_instant_of_their_first_date(tz: str, p
         now = end + (after - end) // 3
         periods += 1
     assert periods > 2
+
+
+#: every zone this machine knows, sorted (Hypothesis draws from a stable list)
+ALL_ZONES = sorted(zoneinfo.available_timezones())
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tz=st.sampled_from(ALL_ZONES),
+    period=st.sampled_from(PERIODS),
+    now=st.integers(at("UTC", 1971, 1, 1), at("UTC", 2099, 1, 1)),
+)
+def test_any_instant_in_any_zone_lies_in_its_period(tz: str, period: str, now: int) -> None:
+    """For any instant and any zone: the period holds it, starts at the first instant of
+    its first date, and the next one starts where it ends."""
+    quota = arl.Quota(1, period, tz=tz)
+    start, end, after = quota.bounds(now)
+    assert start <= now < end < after
+    assert local(tz, start - 1).date() < local(tz, start).date()
+    assert quota.bounds(end)[:2] == (end, after)
+    assert quota.bounds(start) == (start, end, after)
 
 
 @pytest.mark.parametrize(
@@ -386,3 +411,19 @@ async def test_the_options_send_the_bounds_too(backend: arl.Backend, key: str) -
     falls_back = arl.FixedWindow(quota, backend=backend, on_unavailable=arl.Fallback(0.5))
     assert isinstance(falls_back._fallback, _CalendarWindow)
     assert falls_back._fallback.rates == (arl.Quota(1, "day", tz="Europe/Berlin"),)
+
+
+def test_a_quotas_key_is_the_same_in_every_period() -> None:
+    """A quota's key names its limit, period and zone after the user key's tag, and not
+    the period: bounds sent around another instant name the same keys. A Quota pickles."""
+    backend = arl.Backend.from_url("memory://")
+    limiter = arl.FixedWindow("5/second", arl.Quota(3, "month", tz="Europe/Berlin"))
+    assert isinstance(limiter, _CalendarWindow)
+    keys = limiter._keys(backend, "u{1}")
+    assert keys == ["arl:fw:{u%7B1%7D}:5/1000", "arl:fw:{u%7B1%7D}:3/month@Europe/Berlin"]
+    before = limiter._args
+    limiter._bound(at("Europe/Berlin", 2030, 7, 1))
+    assert limiter._args != before
+    assert limiter._keys(backend, "u{1}") == keys
+    quota = arl.Quota(3, "month", tz="Europe/Berlin")
+    assert pickle.loads(pickle.dumps(quota)) == quota
