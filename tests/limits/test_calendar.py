@@ -321,7 +321,9 @@ async def test_a_quota_counts_in_the_same_call_as_the_rates(backend: arl.Backend
     now = int(replies.calls[-1][1][5])
     assert round(peek.reset_after * US) == quota.bounds(now)[1] - now
     assert len(replies.calls) == 4
-    # A reset forgets the quota's count too.
+    # A refund gives back to the quota's count too, and a reset forgets it.
+    assert await both.refund(key) == 1
+    assert (await alone.peek(key)).remaining == 1
     await both.reset(key)
     assert (await alone.peek(key)).remaining == 2
 
