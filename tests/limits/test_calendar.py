@@ -25,6 +25,7 @@ from aioratelimit._limits.algorithms import _CalendarWindow
 from aioratelimit._limits.calendar import PERIODS
 from aioratelimit._scripts import FIXED_WINDOW, Arg, Reply, Script
 from aioratelimit._stores.memory.store import MemoryStore
+from aioratelimit.testing import ManualClock, memory_backend
 
 US = 1_000_000
 H = 3600 * US
@@ -429,3 +430,29 @@ def test_a_quotas_key_is_the_same_in_every_period() -> None:
     assert limiter._keys(backend, "u{1}") == keys
     quota = arl.Quota(3, "month", tz="Europe/Berlin")
     assert pickle.loads(pickle.dumps(quota)) == quota
+
+
+async def test_a_manual_clock_crosses_the_end_of_february() -> None:
+    """On a memory store whose clock stands at 2027-02-28 23:59:59 in Berlin: three hits
+    use February's quota, the fourth waits one second, to March; once the clock moves
+    there, the quota is whole again, for all of March. The limiter's bounds (around this
+    machine's clock) are sent again around the store's, each time it leaves them."""
+    clock = ManualClock(at("Europe/Berlin", 2027, 2, 28, 23, 59, 59) / US)
+    backend = memory_backend(clock=clock)
+    monthly = arl.FixedWindow(arl.Quota(3, "month", tz="Europe/Berlin"), backend=backend)
+    decisions = [await monthly.hit("acct") for _ in range(4)]
+    assert [(d.allowed, d.remaining) for d in decisions] == [
+        (True, 2),
+        (True, 1),
+        (True, 0),
+        (False, 0),
+    ]
+    assert decisions[-1].retry_after == 1.0
+    clock.advance(1.0)
+    march = await monthly.hit("acct")
+    assert (march.allowed, march.remaining) == (True, 2)
+    assert march.reset_after == 31 * 24 * 3600 - 3600  # to 1 April, an hour of it skipped
+    clock.advance(31 * 24 * 3600 - 3600)
+    april = await monthly.hit("acct")
+    assert (april.allowed, april.remaining, april.reset_after) == (True, 2, 30 * 24 * 3600)
+    await backend.aclose()
