@@ -75,7 +75,8 @@ def fixed_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: in
     ends: list[int] = []
     windows: list[int] = []
     for i, key in enumerate(keys[:nrates]):
-        window = _window(args[3 + 2 * i], now)
+        arg = args[3 + 2 * i]
+        window = arg if type(arg) is int else _window(arg, now)
         if window is None:
             return [-1, 0, 0, 0, 0, now, 0]
         windows.append(window)
