@@ -3,7 +3,9 @@ rate argument), ``per``, and weeks, months and years as rolling windows of days.
 
 from __future__ import annotations
 
+import limits
 import pytest
+from limits.util import parse_many
 
 import aioratelimit as arl
 
@@ -89,3 +91,24 @@ def test_one_rate_stays_one_rate() -> None:
         arl.parse_rates(10)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"2\*\*50"):
         arl.Rate.parse("1/36y")
+
+
+#: strings as ``limits`` reads them: the forms both libraries take
+PEERS = [
+    "10/second;100/minute", "10 per second, 100 per minute", "5/minute|100/day",
+    "10 per 2 hours", "5/10 seconds", "10/2minutes", "1 per 2 months", "1/month", "3/day",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("text", PEERS)
+def test_rate_strings_read_as_limits_reads_them(text: str) -> None:
+    """Each string ``limits.parse_many`` (the installed release) reads, ``parse_rates``
+    reads into the same limits and windows: a month of 30 days in both."""
+    theirs = [(item.amount, float(item.get_expiry())) for item in parse_many(text)]
+    assert [(r.limit, r.window) for r in arl.parse_rates(text)] == theirs
+
+
+def test_a_year_is_365_days_here_and_360_in_limits() -> None:
+    """Where the two differ: ``limits`` counts a year as 12 of its 30-day months."""
+    assert limits.parse("1/year").get_expiry() == 360 * 86400
+    assert arl.Rate.parse("1/year").window == 365 * 86400

@@ -16,6 +16,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,6 +26,7 @@ from aioratelimit._limits.algorithms import _CalendarWindow
 from aioratelimit._limits.calendar import PERIODS
 from aioratelimit._scripts import FIXED_WINDOW, Arg, Reply, Script
 from aioratelimit._stores.memory.store import MemoryStore
+from aioratelimit.asgi import RateLimitMiddleware
 from aioratelimit.testing import ManualClock, memory_backend
 
 US = 1_000_000
@@ -455,4 +457,30 @@ async def test_a_manual_clock_crosses_the_end_of_february() -> None:
     clock.advance(31 * 24 * 3600 - 3600)
     april = await monthly.hit("acct")
     assert (april.allowed, april.remaining, april.reset_after) == (True, 2, 30 * 24 * 3600)
+    await backend.aclose()
+
+
+async def test_the_middleware_announces_a_quota_and_its_real_reset() -> None:
+    """Behind ``RateLimitMiddleware`` a monthly quota is a policy of its own (its window
+    the longest month), and ``RateLimit``/``Retry-After`` count to the month's real end."""
+    clock = ManualClock(at("Europe/Berlin", 2027, 2, 28, 23, 59, 59) / US)
+    backend = memory_backend(clock=clock)
+
+    async def ok(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    quota = arl.Quota(2, "month", tz="Europe/Berlin")
+    app = RateLimitMiddleware(ok, arl.FixedWindow(quota, name="plan", backend=backend))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        answers = [await client.get("/") for _ in range(3)]
+        assert [r.status_code for r in answers] == [200, 200, 429]
+        assert answers[2].headers["ratelimit-policy"] == '"plan";q=2;w=2678400'
+        assert answers[2].headers["ratelimit"] == '"plan";r=0;t=1'
+        assert answers[2].headers["retry-after"] == "1"
+        clock.advance(1.0)
+        march = await client.get("/")
+        assert march.status_code == 200
+        assert march.headers["ratelimit"] == f'"plan";r=1;t={31 * 24 * 3600 - 3600}'
     await backend.aclose()
