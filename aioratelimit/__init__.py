@@ -25,13 +25,14 @@ from ._idempotency.decorator import idempotent
 from ._idempotency.results import Serializer
 from ._idempotency.tokens import consume_token, consumes_token, issue_token
 from ._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
+from ._limits.calendar import Quota
 from ._limits.failure import Breaker, BreakerListener, Fallback, OnUnavailable
 from ._limits.limiter import Admission, Limiter
 from ._limits.pause import Pause
 from ._locks.lease import Hold, Lease
 from ._locks.lock import Lock, Semaphore, lock, semaphore
 from ._observe import Recorder, set_recorder
-from ._rates import Decision, Rate, RateLike
+from ._rates import Decision, Rate, RateLike, parse_rates
 from ._scripts import OnCall, ScriptCall
 from ._version import __version__
 from ._web.headers import ratelimit_headers
@@ -59,6 +60,7 @@ __all__ = [
     "OnCall",
     "OnUnavailable",
     "Pause",
+    "Quota",
     "Rate",
     "RateLike",
     "RateLimited",
@@ -79,6 +81,7 @@ __all__ = [
     "idempotent",
     "issue_token",
     "lock",
+    "parse_rates",
     "ratelimit_headers",
     "semaphore",
     "set_recorder",

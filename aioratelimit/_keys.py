@@ -82,6 +82,14 @@ def rate_suffix(limit: int, window_us: int, extra: str = "") -> str:
     return f":{limit}/{window_us // 1000 if window_us % 1000 == 0 else f'{window_us}us'}{extra}"
 
 
+def quota_suffix(limit: int, period: str, tz: str) -> str:
+    """A calendar quota's suffix (``Quota``): one key per (user key, quota), the same in
+    every period. The script picks the period by the server's clock, after the KEYS are
+    named (a cluster routes by them), so a key per period could not be named in advance;
+    the key expires at its period's end, and the next period's first hit starts it anew."""
+    return f":{limit}/{period}@{escape(tz)}"
+
+
 def block(limiter_head: str, key: str) -> str:
     """A limiter's block of one user key (``Limiter.block``), under that key's tag."""
     return tagged(limiter_head, key, ":block")

@@ -16,10 +16,28 @@ _UNITS: dict[str, float] = {
     "m": 60.0, "min": 60.0, "minute": 60.0, "minutes": 60.0,
     "h": 3600.0, "hour": 3600.0, "hours": 3600.0,
     "d": 86400.0, "day": 86400.0, "days": 86400.0,
+    "w": 604800.0, "week": 604800.0, "weeks": 604800.0,
+    # A rolling window of whole days, not the calendar: a month of 30 days (as ``limits``
+    # counts it) and a year of 365 (``limits`` counts 12 months of 30). Calendar periods,
+    # aligned to midnight in a time zone, are ``Quota``'s.
+    "month": 2592000.0, "months": 2592000.0,
+    "y": 31536000.0, "year": 31536000.0, "years": 31536000.0,
 }  # fmt: skip
 
 _RATE = re.compile(
-    r"^\s*(?P<limit>\d+)\s*(?:/|per)\s*(?P<count>\d+(?:\.\d+)?)?\s*(?P<unit>[a-z]+)\s*$"
+    r"^\s*(?P<limit>\d+)\s*(?:/|per)\s*(?P<count>\d+(?:\.\d+)?)?\s*(?P<unit>[a-z]+)\s*$",
+    re.ASCII,
+)
+
+#: Between the rates of one string (``parse_rates``): ``;``, ``,`` or ``|``, as peers write them.
+_SEPARATORS = re.compile(r"[;,|]")
+
+#: What a malformed rate's message shows.
+_FORMS = (
+    "expected '<limit>/<unit>', '<limit>/<n><unit>' or '<limit> per <n> <unit>', such as"
+    " '100/minute', '3/500ms', '5/10s' or '10 per 2 hours' (units: ms, second, minute, hour,"
+    " day, week, month = 30 days, year = 365 days); several rates in one string are"
+    " separated by ';', ',' or '|': '10/second;1000/day'"
 )
 
 #: The shortest window a script can represent exactly enough.
@@ -43,15 +61,14 @@ class Rate:
 
     @classmethod
     def parse(cls, text: str) -> Rate:
-        """Parse ``"100/minute"``, ``"10/second"``, ``"5/10s"``, ``"3/500ms"``, ``"1 per day"``."""
+        """Parse one rate: ``"100/minute"``, ``"10/second"``, ``"5/10s"``, ``"3/500ms"``,
+        ``"1 per day"``, ``"10 per 2 hours"``. ``month`` is 30 days and ``year`` 365, rolling
+        windows (``Quota`` counts calendar months); ``parse_rates`` reads several."""
         if not isinstance(text, str):
             raise TypeError(f"a rate must be a Rate or a str, not {type(text).__name__}")
         m = _RATE.match(text.lower())
         if m is None or m["unit"] not in _UNITS:
-            raise ValueError(
-                f"malformed rate {text!r}: expected '<limit>/<unit>' or '<limit>/<n><unit>'"
-                " such as '100/minute' or '3/500ms'"
-            )
+            raise ValueError(f"malformed rate {text!r}: {_FORMS}")
         count = float(m["count"]) if m["count"] else 1.0
         if count <= 0:
             raise ValueError(f"malformed rate {text!r}: the window must be positive")
@@ -70,6 +87,17 @@ class Rate:
 
 RateLike = Rate | str
 """A ``Rate``, or a string ``Rate.parse`` reads (``"100/minute"``)."""
+
+
+def parse_rates(text: str) -> tuple[Rate, ...]:
+    """Parse one or more rates as peers write them: ``"10/second;1000/day"``,
+    ``"10 per second, 100 per minute"``, ``"5/minute|100/day"`` (each as ``Rate.parse``)."""
+    if not isinstance(text, str):
+        raise TypeError(f"rates must be a str, not {type(text).__name__}")
+    parts = _SEPARATORS.split(text)
+    if len(parts) > 1 and not all(p.strip() for p in parts):
+        raise ValueError(f"malformed rates {text!r}: an empty rate between separators; {_FORMS}")
+    return tuple(Rate.parse(part) for part in parts)
 
 
 def token_bucket(rate: Rate, burst: object) -> tuple[int, int]:

@@ -12,7 +12,10 @@
 --                    count a denied hit too; plus 4 = partial: admit as much of cost as
 --                    every rate allows (at least 1), the rest is not asked for
 -- ARGV[1+2i] limit_i      integer >= 1
--- ARGV[2+2i] window_us_i  window of rate i in microseconds (>= 1000)
+-- ARGV[2+2i] window_us_i  window of rate i in microseconds (>= 1000); or, for a calendar
+--                         quota, 'start_us,end_us,next_end_us': the bounds of a period and
+--                         of the one after it, whose window is what is left of the one
+--                         holding now (see `calendar` below)
 --
 -- Reply: {allowed (1/0), limit, remaining, reset_after_us, retry_after_us, now_us, granted}
 --   for the tightest rate; now_us is the server clock (TIME) the decision used; granted is
@@ -21,6 +24,8 @@
 --   answer is the block's end): a window's end is stored in whole ms, rounded up (PXAT
 --   ceil), so for its first ms it lies up to 999 µs past first hit + window_us; the reply
 --   says window_us then (the caller's waiter sleeps 1 ms more than it is told).
+--   {-1, 0, 0, 0, 0, now_us, 0} when a calendar quota's bounds hold no period with now_us:
+--   nothing was written (the client sends bounds around now_us once more).
 --
 -- Commands: GET, INCRBY, SET PXAT (6.2), TIME, and PEXPIRETIME (7.0) where the server has
 -- it, else PTTL: Redis 7.0+ (and Valkey) set redis.REDIS_VERSION_NUM, 6.2 does not. On 6.2
@@ -36,6 +41,22 @@ local nrates = (#ARGV - 2) / 2
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+-- Calendar quotas (a Quota, in Python): Lua has no time-zone database, so the client sends
+-- a period's bounds and the next's, and the window is what is left of the one holding the
+-- server's now; nil when neither holds it (then the script answers -1 and writes nothing).
+local function calendar(spec)
+  local start, stop, after = string.match(spec, '^(%d+),(%d+),(%d+)$')
+  start, stop, after = tonumber(start), tonumber(stop), tonumber(after)
+  if not start or now < start or now >= after then
+    return nil
+  end
+  if now < stop then
+    return stop - now
+  end
+  return after - now
+end
+local outside = {-1, 0, 0, 0, 0, now, 0}
 
 -- The end of the window of a live key (µs; <= 0 when it has no expiry).
 local window_end
@@ -63,11 +84,14 @@ end
 if nrates == 1 and not partial then
   -- One rate, the common case: the loop below for one key, without its bookkeeping.
   local key, limit = KEYS[1], tonumber(ARGV[3])
+  local window = tonumber(ARGV[4]) or calendar(ARGV[4])
+  if not window then
+    return outside
+  end
   local count = redis.call('GET', key)
   if count then
     local reset = window_end(key) - now
     if reset > 0 then
-      local window = tonumber(ARGV[4])
       if reset > window then
         reset = window
       end
@@ -88,7 +112,6 @@ if nrates == 1 and not partial then
     end
   end
   -- No window open (never was, expired, or ends at this very moment): a new one.
-  local window = tonumber(ARGV[4])
   if cost > limit then
     return {0, limit, limit, window, window, now, 0}
   end
@@ -100,9 +123,13 @@ if nrates == 1 and not partial then
   return {1, limit, limit - cost, window, 0, now, cost}
 end
 
-local counts, ends = {}, {}
+local counts, ends, windows = {}, {}, {}
 for i = 1, nrates do
-  local window = tonumber(ARGV[2 + 2 * i])
+  local window = tonumber(ARGV[2 + 2 * i]) or calendar(ARGV[2 + 2 * i])
+  if not window then
+    return outside
+  end
+  windows[i] = window
   local count = tonumber(redis.call('GET', KEYS[i]) or '0')
   local ends_at = 0
   if count > 0 then
@@ -125,7 +152,7 @@ end
 -- waits for just that.
 local function reset_after(i)
   local reset = ends[i] - now
-  local window = tonumber(ARGV[2 + 2 * i])
+  local window = windows[i]
   if reset > window then
     reset = window
   end

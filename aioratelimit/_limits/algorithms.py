@@ -7,13 +7,18 @@ constant arguments; everything else is their common base, ``Limiter``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from .. import _keys, _scripts
-from .._args import check_int
+from .._args import US, check_int
 from .._backend import Backend
-from .._rates import Rate, RateLike, as_rate, token_bucket
+from .._errors import BackendError
+from .._rates import Rate, RateLike, as_rate, parse_rates, token_bucket
+from .._scripts import Reply
+from .calendar import Quota, window_arg
 from .failure import Breaker, Fallback, OnUnavailable
 from .limiter import Limiter
 from .pause import Pause
@@ -22,17 +27,39 @@ from .pause import Pause
 MAX_BUCKETS = 1000
 
 
-def _rates(rates: Sequence[Any]) -> tuple[Rate, ...]:
+def _rates(rates: Sequence[Any], kind: str = "") -> tuple[Rate | Quota, ...]:
+    """The rates as given: each ``Rate``, ``Quota`` (with ``kind``, the limiter that takes
+    none, refused), or string of one or more rates (``parse_rates``)."""
     if not rates:
         raise TypeError("a limiter needs at least one rate, e.g. FixedWindow('100/minute')")
-    parsed = tuple(as_rate(r) for r in rates)
+    parsed: list[Rate | Quota] = []
+    for r in rates:
+        if isinstance(r, Quota) and kind:
+            raise TypeError(_NO_QUOTA.format(kind=kind, quota=r))
+        if isinstance(r, Rate | Quota):
+            parsed.append(r)
+        elif isinstance(r, str):
+            parsed.extend(parse_rates(r))
+        else:
+            as_rate(r)  # raises its TypeError
     seen = set()
     for r in parsed:
-        ident = (r.limit, r.window_us)
+        ident = (r.limit, r.window_us) if isinstance(r, Rate) else r
         if ident in seen:
             raise ValueError(f"rate {r} is given twice")
         seen.add(ident)
-    return parsed
+    return tuple(parsed)
+
+
+def _plain_rates(rates: Sequence[Any], kind: str) -> tuple[Rate, ...]:
+    """``_rates`` for a limiter that counts no calendar quota (``kind``)."""
+    return tuple(r for r in _rates(rates, kind) if isinstance(r, Rate))
+
+
+_NO_QUOTA = (
+    "a {kind} counts no calendar quota ({quota}): a FixedWindow does, alone or next to"
+    " other rates: FixedWindow('10/second', Quota(...))"
+)
 
 
 class FixedWindow(Limiter):
@@ -49,7 +76,7 @@ class FixedWindow(Limiter):
 
     def __init__(
         self,
-        *rates: RateLike,
+        *rates: RateLike | Quota,
         backend: Backend | None = None,
         name: str | None = None,
         count_denied: bool = False,
@@ -61,19 +88,71 @@ class FixedWindow(Limiter):
         pause: Pause | str | None = None,
     ):
         super().__init__(backend, name, count_denied, blockable)
-        self.rates = _rates(rates)
-        self._suffixes = tuple(_keys.rate_suffix(r.limit, r.window_us) for r in self.rates)
-        self._args = tuple(v for r in self.rates for v in (r.limit, r.window_us))
+        self.rates: tuple[Rate | Quota, ...] = _rates(rates)
+        if any(isinstance(r, Quota) for r in self.rates):
+            # The subclass that sends the periods' bounds (the same slots), before its
+            # ``_send`` is handed to the guard: a plain limiter's hit tests for no quota.
+            self.__class__ = _CalendarWindow
+        self._suffixes = tuple(
+            _keys.rate_suffix(r.limit, r.window_us)
+            if isinstance(r, Rate)
+            else _keys.quota_suffix(r.limit, r.period, r.tz)
+            for r in self.rates
+        )
+        self._args = tuple(
+            v for r in self.rates for v in (r.limit, r.window_us if isinstance(r, Rate) else 0)
+        )
         self._max_cost = min(r.limit for r in self.rates)
+        if isinstance(self, _CalendarWindow):
+            self._bound(time.time_ns() // 1000)
         self._options(self.rates, deny_cache, on_unavailable, breaker, shadow, pause)
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
-        rates = (Rate(share.scale(r.limit), r.window) for r in self.rates)
+        rates = (replace(r, limit=share.scale(r.limit)) for r in self.rates)
         return FixedWindow(*rates, backend=backend, name=self.name)
 
     def __repr__(self) -> str:
         rates = ", ".join(map(str, self.rates))
         return f"<FixedWindow {rates} name={self.name!r}{self._shown()}>"
+
+
+class _CalendarWindow(FixedWindow):
+    """A ``FixedWindow`` with a calendar quota: each hit sends, as the quota's window, the
+    bounds of the period around the last clock reading and of the next one (``calendar``),
+    for the script to pick from by the server's clock. Bounds the server's clock has left
+    behind are answered -1 with nothing written; then it sends the bounds around the
+    server's clock once more: at most once a period per limiter, as its bounds are kept
+    between hits (answered -1 again, the server's clock moved by a period between the two
+    calls: ``BackendError``, nothing counted)."""
+
+    __slots__ = ()  # (a FixedWindow becomes one: ``__class__`` assignment)
+
+    def _bound(self, now_us: int) -> None:
+        """Its arguments with every quota's bounds around ``now_us``, each in place of its
+        window (rate i's is the script's ARGV[4 + 2i], its ``_args[2i + 1]``)."""
+        args: list[int | str] = list(self._args)
+        for i, r in enumerate(self.rates):
+            if isinstance(r, Quota):
+                args[2 * i + 1] = window_arg(r.bounds(now_us))
+        self._args = tuple(args)
+
+    def _send(self, key: str, cost: int, mode: int, *extra: int) -> Awaitable[Reply]:
+        # The checks raise here, before any I/O, as the plain limiter's do.
+        return self._decided(super()._send(key, cost, mode, *extra), key, cost, mode)
+
+    async def _decided(self, sent: Awaitable[Reply], key: str, cost: int, mode: int) -> Reply:
+        reply = await sent
+        if reply[0] != -1:
+            return reply
+        # Nothing was written: the same hit, with bounds around the server's clock.
+        self._bound(reply[5])
+        reply = await super()._send(key, cost, mode)
+        if reply[0] == -1:
+            raise BackendError(
+                f"the server's clock moved by a calendar period between two calls"
+                f" ({reply[5] / US:.6f} s since the epoch): {self!r} counted nothing"
+            )
+        return reply
 
 
 class SlidingWindow(Limiter):
@@ -104,15 +183,15 @@ class SlidingWindow(Limiter):
         pause: Pause | str | None = None,
     ):
         super().__init__(backend, name, count_denied, blockable)
-        self.rates = _rates(rates)
+        self.rates = _plain_rates(rates, "SlidingWindow")
         self.buckets = check_int(buckets, "buckets")
         if buckets > MAX_BUCKETS:
             raise ValueError(f"buckets must be <= {MAX_BUCKETS}, got {buckets}")
         self._suffixes = tuple(
             _keys.rate_suffix(r.limit, r.window_us, f"/{buckets}") for r in self.rates
         )
-        self._args = (buckets, *(v for r in self.rates for v in (r.limit, r.window_us)))
-        self._refund_args = self._args
+        args = (buckets, *(v for r in self.rates for v in (r.limit, r.window_us)))
+        self._args = self._refund_args = args
         self._max_cost = min(r.limit for r in self.rates)
         self._options(self.rates, deny_cache, on_unavailable, breaker, shadow, pause)
 
@@ -154,6 +233,10 @@ class TokenBucket(Limiter):
         pause: Pause | str | None = None,
     ):
         super().__init__(backend, name, count_denied, blockable)
+        if isinstance(rate, Quota):
+            raise TypeError(_NO_QUOTA.format(kind="TokenBucket", quota=rate))
+        if isinstance(rate, str) and len(parsed := parse_rates(rate)) > 1:
+            raise ValueError(f"a TokenBucket has one rate, got {len(parsed)} in {rate!r}")
         self.rate = as_rate(rate)
         self.burst, interval = token_bucket(self.rate, burst)
         suffix = _keys.rate_suffix(self.rate.limit, self.rate.window_us, f"/{self.burst}")

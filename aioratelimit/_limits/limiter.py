@@ -34,6 +34,7 @@ from .._errors import RateLimited
 from .._rates import Decision, Rate
 from .._scripts import Mode, Script
 from . import waiting as _waiting
+from .calendar import Quota
 from .deny_cache import DenyCache
 from .failure import Breaker, Fallback, OnUnavailable
 from .guard import Guard, Options, check_cost
@@ -106,7 +107,7 @@ class Limiter:
         # Set by subclasses: per-key suffixes, the script's constant arguments, and the
         # largest cost that could ever be admitted.
         self._suffixes: tuple[str, ...] = ()
-        self._args: tuple[int, ...] = ()
+        self._args: tuple[int | str, ...] = ()  # (str: a calendar quota's bounds)
         self._refund_args: tuple[int, ...] = ()  # the refund script's, after the cost
         self._max_cost = 0
         # Set by ``_options`` (a subclass calls it once its rates are known).
@@ -117,7 +118,7 @@ class Limiter:
 
     def _options(
         self,
-        rates: tuple[Rate, ...],
+        rates: tuple[Rate | Quota, ...],
         deny_cache: int | None,
         on_unavailable: OnUnavailable,
         breaker: Breaker | None,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from .._args import US, check_key
 from .._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
 from .._limits.limiter import Limiter
-from .._rates import Decision
+from .._rates import Decision, token_bucket
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +88,8 @@ class _Bucket(Shape):
 
     def window(self, limiter: Limiter, decision: Decision) -> float | None:
         assert isinstance(limiter, TokenBucket)
-        return _phase(round(decision.reset_after * US), limiter._args[1])
+        interval = token_bucket(limiter.rate, limiter.burst)[1]
+        return _phase(round(decision.reset_after * US), interval)
 
 
 def _phase(reset_us: int, period_us: int) -> float:

@@ -141,7 +141,22 @@ USERS = ("u", "v{w}")
 R1, R2, R3, R4, R5, R6 = (1, 1_000), (2, 1_001), (3, 2_500), (5, 10_000), (2, 33_333), (4, 10**6)
 #: An application's limiters. Where two share a rate (and the buckets or the burst), they
 #: share its key, as two such limiters of the library do; each call picks one.
-FIXED = ((R1,), (R4,), (R3, R4), (R2, R5, R6))
+#: Calendar quotas (``Quota``), (limit, bounds): a period's bounds and the next's as the
+#: library sends them in place of a window ('start,end,next_end' µs). One as ``Quota``
+#: computes it around T0; two of seconds and uneven, as months are, that the clock crosses
+#: and leaves (answered -1, nothing written), one before it starts and off the millisecond.
+Q1 = (3, ",".join(map(str, arl.Quota(3, "month", tz="Europe/Berlin").bounds(T0))))
+Q2 = (2, f"{T0},{T0 + 4_000_000},{T0 + 7_000_500}")
+Q3 = (4, f"{T0 + 1_000_000},{T0 + 5_500_250},{T0 + 9_000_999}")
+#: a quota's key: the (period, tz) of each
+QUOTA_KEYS = {
+    Q1[1]: ("month", "Europe/Berlin"),
+    Q2[1]: ("day", "UTC"),
+    Q3[1]: ("week", "Asia/Tokyo"),
+}
+FIXED: tuple[Rates, ...] = (
+    (R1,), (R4,), (R3, R4), (R2, R5, R6), (Q2,), (R4, Q1, Q3), (R1, Q2, Q3)
+)  # fmt: skip
 SLIDING = ((1, (R3,)), (3, (R4,)), (3, (R2, R4)), (10, (R1,)), (1000, (R5, R1)))
 BUCKETS = (R1, 1), (R3, 2), (R4, 5), (R5, 2)
 LOCK_NAMES = ("L1", "L2")
@@ -167,12 +182,19 @@ def head(kind: str) -> str:
     return _keys.head(PREFIX, kind, None)
 
 
-Rates = tuple[tuple[int, int], ...]
+#: (limit, window_us), or a calendar quota's (limit, bounds)
+Rates = tuple[tuple[int, int | str], ...]
+
+
+def suffix(limit: int, window: int | str, extra: str = "") -> str:
+    if isinstance(window, str):
+        return _keys.quota_suffix(limit, *QUOTA_KEYS[window])
+    return _keys.rate_suffix(limit, window, extra)
 
 
 def limiter_keys(kind: str, user: str, rates: Rates, extra: str = "") -> list[str]:
     """``_Limiter._keys``: one key per rate, under the user key's tag."""
-    return [_keys.tagged(head(kind), user, _keys.rate_suffix(lim, w, extra)) for lim, w in rates]
+    return [_keys.tagged(head(kind), user, suffix(lim, w, extra)) for lim, w in rates]
 
 
 def block_key(kind: str, user: str) -> str:
@@ -197,7 +219,7 @@ def bucket_keys(user: str, rate: tuple[int, int], burst: int, blockable: bool = 
     return [*limiter_keys("tb", user, (rate,), f"/{burst}"), *blocked("tb", user, blockable)]
 
 
-def rate_args(rates: Rates) -> tuple[int, ...]:
+def rate_args(rates: Rates) -> tuple[int | str, ...]:
     return tuple(v for rate in rates for v in rate)
 
 
@@ -704,7 +726,7 @@ class FixedWindows(Oracle):
     blocks and refunds, one rate or several."""
 
     branches: ClassVar[dict[str, set[int]]] = {
-        "fixed_window": {0, 1},
+        "fixed_window": {-1, 0, 1},  # (-1: the clock is outside a quota's bounds)
         "delete": {0},  # (a reset of live keys: see above)
         "limiter_block": set(),  # (it answers microseconds: no codes)
         # (1, a block running, is rarely read while a short block runs: pinned by
@@ -1069,6 +1091,19 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     expect("limiter_block", [block_key("fw", "u")], (2_500,))
     await _admin.blocked_for(fixed, "u")
     expect("limiter_blocked", [block_key("fw", "u")], ())
+    # A calendar quota: its bounds around this machine's clock, far from T0, the store's:
+    # answered -1 (nothing written), then sent once more around T0.
+    quota = arl.Quota(Q1[0], "month", tz="Europe/Berlin")
+    monthly = arl.FixedWindow(limits[1], quota, backend=backend)
+    await monthly.hit("u")
+    stale = calls[-2][2][-1]
+    assert isinstance(stale, str)
+    start, end, after = map(int, stale.split(","))
+    assert start < end < after
+    assert not start <= T0 < after
+    quota_rates: Rates = (R4, Q1)
+    expect("fixed_window", fixed_keys("u", quota_rates), (1, 1, *R4, Q1[0], stale))
+    expect("fixed_window", fixed_keys("u", quota_rates), (1, 1, *rate_args(quota_rates)))
     sliding = arl.SlidingWindow(*limits, buckets=7, backend=backend, count_denied=True)
     await sliding.hit("v{w}", 3)
     await sliding.refund("v{w}", 1)

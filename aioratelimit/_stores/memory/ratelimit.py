@@ -10,6 +10,7 @@ answers what it answers (``tests/stores/test_oracle.py`` holds them to the real 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Sequence
 
 from ..._scripts import Arg, Reply
@@ -41,6 +42,25 @@ def _blocked(ks: Keyspace, keys: Sequence[str], nrates: int, now: int) -> int:
     return int(block) - now if block is not None and int(block) > now else 0
 
 
+_CALENDAR = re.compile(r"([0-9]+),([0-9]+),([0-9]+)")
+
+
+def _window(arg: Arg, now: int) -> int | None:
+    """A rate's window as the script reads it: its ``window_us``, or a calendar quota's
+    ``'start,end,next_end'`` bounds (``calendar`` in the Lua): what is left of the period
+    holding ``now``, None when neither period holds it."""
+    if type(arg) is int:
+        return arg
+    text = arg.decode() if isinstance(arg, bytes) else str(arg)
+    m = _CALENDAR.fullmatch(text)
+    if m is None:
+        return int(text)
+    start, stop, after = int(m[1]), int(m[2]), int(m[3])
+    if now < start or now >= after:
+        return None
+    return stop - now if now < stop else after - now
+
+
 def fixed_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
     nrates = (len(args) - 2) // 2
     wait = _blocked(ks, keys, nrates, now)
@@ -53,8 +73,13 @@ def fixed_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: in
         return _fixed_window_one(ks, keys[0], cost, mode, args, now)
     counts: list[int] = []
     ends: list[int] = []
+    windows: list[int] = []
     for i, key in enumerate(keys[:nrates]):
-        window = int(args[3 + 2 * i])
+        arg = args[3 + 2 * i]
+        window = arg if type(arg) is int else _window(arg, now)
+        if window is None:
+            return [-1, 0, 0, 0, 0, now, 0]
+        windows.append(window)
         count = ks.get(key, now) or 0
         ends_at = 0
         if count > 0:
@@ -71,7 +96,7 @@ def fixed_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: in
     for i in range(nrates):
         limit = int(args[2 + 2 * i])
         rem = limit - counts[i]
-        reset = min(ends[i] - now, int(args[3 + 2 * i]))
+        reset = min(ends[i] - now, windows[i])
         if cost > rem:
             if allowed == 1 or reset > best_retry:
                 best_limit, best_rem, best_reset, best_retry = limit, rem, reset, reset
@@ -95,7 +120,14 @@ def _fixed_window_one(
     """``fixed_window`` for one rate, the common case, with the loop and the
     multi-rate bookkeeping folded away (same decisions: the model test pairs both with
     the Lua)."""
-    limit, window = int(args[2]), int(args[3])
+    limit, arg = int(args[2]), args[3]
+    if type(arg) is int:
+        window = arg
+    else:  # (a calendar quota's bounds: not on a plain rate's path)
+        calendar = _window(arg, now)
+        if calendar is None:
+            return [-1, 0, 0, 0, 0, now, 0]
+        window = calendar
     count = ks.data.get(key)
     ends_at = 0
     if count is not None:
