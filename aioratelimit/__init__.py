@@ -27,6 +27,7 @@ from ._idempotency.tokens import consume_token, consumes_token, issue_token
 from ._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
 from ._limits.failure import Breaker, BreakerListener, Fallback, OnUnavailable
 from ._limits.limiter import Admission, Limiter
+from ._limits.reservation import Reservation
 from ._locks.lease import Hold, Lease
 from ._locks.lock import Lock, Semaphore, lock, semaphore
 from ._observe import Recorder, set_recorder
@@ -60,6 +61,7 @@ __all__ = [
     "RateLike",
     "RateLimited",
     "Recorder",
+    "Reservation",
     "ResultNotStored",
     "ResultTooLarge",
     "ScriptCall",

@@ -62,6 +62,7 @@ class FixedWindow(Limiter):
         self.rates = _rates(rates)
         self._suffixes = tuple(_keys.rate_suffix(r.limit, r.window_us) for r in self.rates)
         self._args = tuple(v for r in self.rates for v in (r.limit, r.window_us))
+        self._refund_args = self._args  # a charge opens a window; a refund finds the hit's
         self._max_cost = min(r.limit for r in self.rates)
         self._options(self.rates, deny_cache, on_unavailable, breaker, shadow)
 
