@@ -10,13 +10,17 @@
 -- KEYS[2]  optional: the settlement's record (string "1", expires after record_ms), sent
 --          with record_ms > 0
 -- ARGV[1]  give         tokens to give back (integer >= 1), or, negative, tokens to take
--- ARGV[2]  at_us        unused (a bucket has no windows: the refund is the TAT's to take)
+-- ARGV[2]  at_us        the TAT the hit being settled left (µs): a give-back is capped at
+--                       what the bucket still lacks of that hit's tokens, ceil((at_us -
+--                       now) / interval), none once they would have come back anyway;
+--                       0: no cap
 -- ARGV[3]  record_ms    the record's TTL in ms (integer >= 1), or 0: no record
 -- ARGV[4]  interval_us  microseconds per token (integer >= 1)
 --
 -- Reply: {the tokens given back (a part of one counts as one) or taken, now_us, applied}
 --   applied: 1, or 0 when the record was there already (the call changed nothing).
 local give = tonumber(ARGV[1])
+local at = tonumber(ARGV[2])
 local record_ms = tonumber(ARGV[3])
 local interval = tonumber(ARGV[4])
 
@@ -38,7 +42,12 @@ if give < 0 then
   store(tat - give * interval)
   return {-give, now, 1}
 end
-if tat <= now then
+if at > 0 then
+  -- ceil((at - now) / interval), as below
+  local owed = math.floor((at - now + interval - 1) / interval)
+  if owed < give then give = owed end
+end
+if tat <= now or give <= 0 then
   return {0, now, 1}
 end
 local new_tat = tat - give * interval

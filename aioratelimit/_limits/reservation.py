@@ -69,10 +69,10 @@ class Reservation(metaclass=NoPublicConstructor):
         #: the cost settled (None until ``settle``)
         self.actual: int | None = None
         self.state = "new"
-        # The server's clock at the hit (µs): a give-back reaches only the window that
-        # counted it. 0 when the hit went through the limiter's options (deny cache, failure
-        # policy, shadow mode), which answer a Decision only: settled against the windows
-        # open at the settlement.
+        # The server's clock at the hit (µs; a TokenBucket's TAT after it): a give-back
+        # reaches only the window that counted it (the tokens of it still lacking). 0 when
+        # the hit went through the limiter's options (deny cache, failure policy, shadow
+        # mode), which answer a Decision only: settled against the windows open then.
         self._at_us = 0
         self._task: asyncio.Task[Any] | None = None
 
@@ -128,7 +128,10 @@ class Reservation(metaclass=NoPublicConstructor):
             )
         else:
             decision = Decision.from_reply(await send(key, cost, mode))
-        self._at_us = int(replies[0][5])  # now_us: the clock the hit was counted on
+        # now_us: the clock the hit was counted on; a TokenBucket's (a script that books a
+        # slot: ``_reserves``) is the TAT the hit left, now_us + reset_after_us.
+        reply = replies[0]
+        self._at_us = int(reply[5]) + (int(reply[3]) if limiter._reserves else 0)
         return decision
 
     # -- settling it -------------------------------------------------------------------

@@ -397,7 +397,9 @@ def costs(rates: Rates, mode: int = 1) -> list[int]:
 Limiter = tuple[tuple[str, ...], int, list[tuple[Arg, ...]], tuple[Arg, ...]]
 
 #: a refund's or settlement's ARGV[2]: none (a plain refund), or the clock this long ago
-AT_US: tuple[int | Ago, ...] = (0, *(Ago(us) for us in (0, 1, 999, 1_000, 2_500, 40_000, 10**6)))
+#: (a TokenBucket's: the TAT its hit left, ahead of the clock)
+AGO_US = (0, 1, 999, 1_000, 2_500, 40_000, 10**6, -1, -2_000, -40_000)
+AT_US: tuple[int | Ago, ...] = (0, *(Ago(us) for us in AGO_US))
 #: settlement ids (``_keys.new_token()``), few, so that a call is sent again
 SETTLE_IDS = TOKENS[:2]
 

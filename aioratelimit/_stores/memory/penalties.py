@@ -136,7 +136,7 @@ def sliding_window_refund(
 
 
 def token_bucket_refund(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
-    give, interval = int(args[0]), int(args[3])
+    give, at, interval = int(args[0]), int(args[1]), int(args[3])
     if not _recorded(ks, keys, args, now):
         return [0, now, 0]
     tat = ks.get(keys[0], now) or 0
@@ -144,7 +144,9 @@ def token_bucket_refund(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], 
         tat = max(tat, now) - give * interval
         ks.set(keys[0], tat, ceil_div(tat, 1000))
         return [-give, now, 1]
-    if tat <= now:
+    if at > 0:
+        give = min(give, ceil_div(at - now, interval))
+    if tat <= now or give <= 0:
         return [0, now, 1]
     new_tat = tat - give * interval
     if new_tat <= now:
