@@ -502,7 +502,7 @@ def limiter_calls(script: str, limiters: Callable[[str], list[Limiter]]) -> st.S
         (resets, 2),
         (blocks, 1),
         (refunds, 2),
-        (settles, 2),
+        (settles, 4),
         (blocked, 1),
         (invalidations, 3),
     )
