@@ -153,14 +153,13 @@ class Reservation(metaclass=NoPublicConstructor):
             )
         if self.state != "held":
             raise RuntimeError(f"{self!r} is not held: only an admitted reservation settles, once")
-        self.actual = actual
         decision = self.decision
         assert decision is not None
         give = self.estimate - actual
         # Nothing to correct, or nothing was counted (a failure policy's or fallback's
         # admission, or one that shadow mode let through): no call.
         if give == 0 or decision.source != "redis" or decision.shadow_denied:
-            self.state = "settled"
+            self.actual, self.state = actual, "settled"
             return
         backend = limiter._backend or get_backend()
         keys = limiter._keys(backend, self.key)[: len(limiter._suffixes)]
@@ -168,8 +167,13 @@ class Reservation(metaclass=NoPublicConstructor):
         keys.append(_keys.settlement(head, self.key, _keys.new_token()))
         record_ms = to_ms(max(RECORD_MIN_SECONDS, RECORD_TIMEOUTS * backend.timeout))
         args = (give, self._at_us, record_ms, *limiter._refund_args)
-        self.state = "settling"
-        self._task = backend._spawn(self._apply(backend, keys, args))
+        call = self._apply(backend, keys, args)
+        try:
+            self._task = backend._spawn(call)
+        except RuntimeError:  # no running event loop: nothing was started
+            call.close()
+            raise
+        self.actual, self.state = actual, "settling"
 
     async def _apply(self, backend: Backend, keys: list[str], args: tuple[int, ...]) -> None:
         limiter = self._limiter
