@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Generator
+from collections.abc import Awaitable, Generator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .. import _keys, _observe
 from .._args import MAX_COUNT, to_ms
@@ -25,9 +25,8 @@ from .._backend import Backend, get_backend
 from .._errors import RateLimited
 from .._public import NoPublicConstructor
 from .._rates import Decision
-
-if TYPE_CHECKING:
-    from .limiter import Limiter
+from .._scripts import Script
+from .guard import Guard
 
 log = logging.getLogger("aioratelimit")
 
@@ -36,6 +35,26 @@ log = logging.getLogger("aioratelimit")
 #: ``RECORD_MIN_SECONDS``, so a short timeout still covers a reply late on the wire.
 RECORD_TIMEOUTS = 4
 RECORD_MIN_SECONDS = 1.0
+
+
+class Reserving(Protocol):
+    """What a reservation uses of its ``Limiter`` (which imports this module)."""
+
+    name: str | None
+    _backend: Backend | None
+    _guard: Guard[Any] | None
+    _head_id: tuple[str, str | None]
+    _hit_mode: int
+    _kind: str
+    _refund_args: tuple[int, ...]
+    _refund_script: Script
+    _reserves: bool
+    _script: Script
+    _suffixes: tuple[str, ...]
+
+    def _keys(self, backend: Backend, key: str) -> list[str]: ...
+
+    def _send(self, key: str, cost: int, mode: int, *extra: int) -> Awaitable[Any]: ...
 
 
 class Reservation(metaclass=NoPublicConstructor):
@@ -60,7 +79,7 @@ class Reservation(metaclass=NoPublicConstructor):
 
     __slots__ = ("_at_us", "_limiter", "_task", "actual", "decision", "estimate", "key", "state")
 
-    def __init__(self, limiter: Limiter, key: str, estimate: int) -> None:
+    def __init__(self, limiter: Reserving, key: str, estimate: int) -> None:
         self._limiter = limiter
         #: the user key and the cost admitted on the estimate
         self.key, self.estimate = key, estimate
