@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
+import redis
 from support.faultproxy import FaultProxy, Server
 from support.pace import pace, until
 
@@ -276,25 +277,60 @@ async def test_a_settlement_whose_reply_was_lost_is_sent_again_and_applied_once(
 async def test_a_settlement_that_fails_is_logged_never_raised(
     key: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A settlement whose calls all fail is logged (and its state says so); the caller,
-    long gone, never sees it, and the backend's drain returns."""
-    async with arl.Backend.from_url("memory://", timeout=0.2) as backend:
+    """A settlement the store refuses (memory:// full: its record would be one key too
+    many) is logged, without the user key, and its state says so; the caller, long gone,
+    never sees it, the backend's drain returns, and nothing was changed."""
+    async with arl.Backend.from_url("memory://?max_keys=1") as backend:
         limiter = arl.FixedWindow("10/hour", backend=backend, name="llm")
         r = await limiter.reserve(key, 5)
-        inner = backend._run
-
-        async def down(script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
-            if script.name.endswith("_refund"):
-                raise arl.BackendUnavailable("down (injected)")
-            return await inner(script, keys, args)
-
-        backend._run = down
-        with caplog.at_level(logging.WARNING, logger="aioratelimit"):
+        with caplog.at_level(logging.ERROR, logger="aioratelimit"):
             r.settle(1)
             await backend.drain()
         assert r.state == "failed"
         assert any("settlement of llm" in m for m in caplog.messages), caplog.messages
         assert key not in " ".join(caplog.messages)
+        assert (await limiter.peek(key, 5)).allowed
+        assert not (await limiter.peek(key, 6)).allowed  # the estimate stands
+
+
+class Errors(arl.Recorder):
+    """Keeps the backend errors instrumentation hears."""
+
+    __slots__ = ("seen",)
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str | None]] = []
+
+    def backend_error(self, error_type: str, reason: str, script: str | None) -> None:
+        self.seen.append((error_type, reason, script))
+
+
+async def test_a_settlement_the_server_refuses_reaches_the_metrics(
+    own_redis: Server, key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At maxmemory (noeviction) the server refuses the settlement's write: one
+    BackendError for its script in the metrics and in the log, never sent again (an error
+    reply is an answer), and the estimate stands."""
+    async with arl.Backend.from_url(own_redis.url) as backend:
+        limiter = arl.TokenBucket("10/hour", backend=backend, name="llm")
+        r = await limiter.reserve(key, 5)
+        errors = Errors()
+        previous = arl.set_recorder(errors)
+        client = redis.Redis.from_url(own_redis.url)
+        try:
+            client.config_set("maxmemory-policy", "noeviction")
+            client.config_set("maxmemory", 1)
+            with caplog.at_level(logging.ERROR, logger="aioratelimit"):
+                r.settle(0)
+                await r.wait()
+        finally:
+            client.config_set("maxmemory", 0)
+            client.close()
+            arl.set_recorder(previous)
+        assert r.state == "failed"
+        assert errors.seen == [("BackendError", "error_reply", "token_bucket_refund")]
+        assert any("settlement of llm" in m for m in caplog.messages), caplog.messages
+        assert not (await limiter.peek(key, 6)).allowed  # nothing given back
 
 
 @pytest.fixture
