@@ -260,9 +260,11 @@ class Backend:
         return head
 
     async def aclose(self) -> None:
-        """Close the pool this backend owns (a wrapped client is left open). A backend a
-        test installed (``aioratelimit.testing``) is left open while it is installed: the
-        app's own shutdown closing "its" backend must not close the test's."""
+        """Wait for the calls running in the background (``drain``: each is bounded by
+        twice ``timeout``), then close the pool this backend owns (a wrapped client is
+        left open). A backend a test installed (``aioratelimit.testing``) is left open
+        while it is installed: the app's own shutdown closing "its" backend must not close
+        the test's."""
         if self is _default and _test_installed:
             log.debug("aioratelimit: aclose() of the installed test backend: left open")
             return

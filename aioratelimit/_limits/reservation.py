@@ -73,8 +73,8 @@ class Reservation(metaclass=NoPublicConstructor):
     ``settle`` may be called from anywhere on the event loop, after the response was sent
     (a middleware's callback): it returns at once; ``await r.wait()``, or the backend's
     ``drain()`` (``aclose()`` drains), waits for the call. ``state`` says where it is:
-    ``"new"``, ``"held"``, ``"settling"``, ``"settled"``, ``"failed"`` (logged), or
-    ``"denied"``.
+    ``"new"``, ``"taking"`` (its hit in flight), ``"held"``, ``"denied"``, ``"settling"``,
+    ``"settled"``, or ``"failed"`` (logged; the estimate stands).
     """
 
     __slots__ = ("_at_us", "_limiter", "_task", "actual", "decision", "estimate", "key", "state")
