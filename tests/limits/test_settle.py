@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -184,6 +185,52 @@ async def test_bad_input_is_refused_before_any_io(backend: arl.Backend, key: str
     await r.wait()
     assert calls.names == ["token_bucket", "token_bucket_refund"]
     assert "token_bucket_refund" not in calls.names[:1]
+
+
+# -- through the limiter's options ---------------------------------------------------------
+
+
+async def test_a_give_back_clears_the_cached_denial_here(
+    backend: arl.Backend, build: Build, key: str
+) -> None:
+    """With a deny cache, a reservation's hit goes through it, and a give-back clears this
+    process's cached denial of the key at once: the next hit is the backend's, admitted."""
+    limiter = build("4/hour", backend=backend, deny_cache=10)
+    r = await limiter.reserve(key, 4)
+
+    async def cached() -> bool:
+        return (await limiter.hit(key)).source == "cache"
+
+    await until(cached, what="a denial from the cache")  # (its subscription confirmed)
+    r.settle(1)
+    await r.wait()
+    assert r.state == "settled"
+    after = await limiter.hit(key)  # (a denial is cached per cost: this one's was)
+    assert (after.allowed, after.source) == (True, "redis")
+
+
+async def test_an_admission_without_the_backend_settles_nothing(key: str) -> None:
+    """Admitted by the failure policy (the server is unreachable: nothing was counted), a
+    reservation's settlement sends nothing, below or above its estimate."""
+    dead = f"redis://127.0.0.1:{unused_port()}"
+    async with arl.Backend.from_url(dead, timeout=0.5, connect_timeout=0.5) as backend:
+        limiter = arl.FixedWindow("10/hour", backend=backend, on_unavailable="allow")
+        calls = Calls(backend)
+        for actual in (0, 30):
+            r = await limiter.reserve(key, 5)
+            assert r.decision is not None
+            assert r.decision.source == "policy"
+            r.settle(actual)
+            assert r.state == "settled"
+            await r.wait()
+        assert limiter._refund_script.name not in calls.names
+
+
+def unused_port() -> int:
+    """A loopback port nothing listens on (bound, then released: refused at once)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 # -- a window that ended before the settlement ---------------------------------------------
