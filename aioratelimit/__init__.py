@@ -29,6 +29,7 @@ from ._limits.calendar import Quota
 from ._limits.failure import Breaker, BreakerListener, Fallback, OnUnavailable
 from ._limits.limiter import Admission, Limiter
 from ._limits.pause import Pause
+from ._limits.reservation import Reservation
 from ._locks.lease import Hold, Lease
 from ._locks.lock import Lock, Semaphore, lock, semaphore
 from ._observe import Recorder, set_recorder
@@ -65,6 +66,7 @@ __all__ = [
     "RateLike",
     "RateLimited",
     "Recorder",
+    "Reservation",
     "ResultNotStored",
     "ResultTooLarge",
     "ScriptCall",

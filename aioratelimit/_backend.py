@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -65,7 +65,17 @@ class Backend:
     # What the primitives use (``_run``, ``_run_repeatable``, ``_notifier``, ``_head``...) is
     # private: their types are the package's own, and the public surface is the constructor,
     # ``from_url``, ``prefix``, ``url``, ``timeout``, ``aclose`` and ``async with``.
-    __slots__ = ("__weakref__", "_heads", "_keyring", "_run", "_store", "prefix", "timeout", "url")
+    __slots__ = (
+        "__weakref__",
+        "_heads",
+        "_keyring",
+        "_run",
+        "_store",
+        "_tasks",
+        "prefix",
+        "timeout",
+        "url",
+    )
 
     def __init__(
         self,
@@ -98,6 +108,24 @@ class Backend:
         #: a plain SHA-256 without one), ``_keyring.digests(...)`` the digests it may have
         #: been stored under before a rotation, newest first
         self._keyring = keyring
+        #: calls running in the background (a reservation's settlement): ``drain`` and
+        #: ``aclose`` wait for them
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def _spawn(self, call: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run ``call`` in the background on the running loop, tracked until it ends (it
+        must report its own failures: nobody awaits it but ``drain``)."""
+        task = asyncio.get_running_loop().create_task(call)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def drain(self) -> None:
+        """Wait until every call this backend runs in the background has ended (each
+        ``Reservation.settle`` so far, and those they started meanwhile); ``aclose`` does
+        first. A failed one was logged and reported already: nothing is raised here."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
     @classmethod
     def _of(
@@ -242,12 +270,15 @@ class Backend:
         return head
 
     async def aclose(self) -> None:
-        """Close the pool this backend owns (a wrapped client is left open). A backend a
-        test installed (``aioratelimit.testing``) is left open while it is installed: the
-        app's own shutdown closing "its" backend must not close the test's."""
+        """Wait for the calls running in the background (``drain``: each is bounded by
+        twice ``timeout``), then close the pool this backend owns (a wrapped client is
+        left open). A backend a test installed (``aioratelimit.testing``) is left open
+        while it is installed: the app's own shutdown closing "its" backend must not close
+        the test's."""
         if self is _default and _test_installed:
             log.debug("aioratelimit: aclose() of the installed test backend: left open")
             return
+        await self.drain()  # a settlement started before the close still reaches the store
         await self._store.aclose()
 
     async def __aenter__(self) -> Backend:

@@ -95,6 +95,12 @@ def block(limiter_head: str, key: str) -> str:
     return tagged(limiter_head, key, ":block")
 
 
+def settlement(limiter_head: str, key: str, settle_id: str) -> str:
+    """The record of one settlement of a reservation (``Reservation.settle``) of a user key,
+    under that key's tag: its script applies a settlement once, and a repeat finds it."""
+    return tagged(limiter_head, key, f":settle:{settle_id}")
+
+
 def rate_channel(head: str, key: str) -> str:
     """The channel a limiter's deny caches listen on for ``key`` (its keys' hash tag): told
     by ``lua/rate_invalidate.lua`` when a reset (or a refund, a block) changes the key."""

@@ -137,10 +137,13 @@ class Mode(IntEnum):
 LIMITER_BLOCK = _load("limiter_block")
 #: ``{µs the block still runs or 0, now_us}``; reads only
 LIMITER_BLOCKED = _load("limiter_blocked", repeatable=True)
-#: ``{the most hits (tokens) given back under any one rate, now_us}``
-FIXED_WINDOW_REFUND = _load("fixed_window_refund")
-SLIDING_WINDOW_REFUND = _load("sliding_window_refund")
-TOKEN_BUCKET_REFUND = _load("token_bucket_refund")
+#: ``{the most hits (tokens) given back or charged under any one rate, now_us, applied}``:
+#: a refund, or a reservation's settlement (``_limits.reservation``). Repeatable as a
+#: settlement sends them, with a record (its last KEY): a repeat finds it and answers
+#: applied 0; a plain refund, sent without one, is never sent twice.
+FIXED_WINDOW_REFUND = _load("fixed_window_refund", repeatable=True)
+SLIDING_WINDOW_REFUND = _load("sliding_window_refund", repeatable=True)
+TOKEN_BUCKET_REFUND = _load("token_bucket_refund", repeatable=True)
 #: the number of keys that existed
 DELETE = _load("delete")
 #: a limiter's reset (and the deny caches' invalidation): the number of keys removed

@@ -102,6 +102,7 @@ class FixedWindow(Limiter):
         self._args = tuple(
             v for r in self.rates for v in (r.limit, r.window_us if isinstance(r, Rate) else 0)
         )
+        self._refund_args = self._args  # a charge opens a window; a refund finds the hit's
         self._max_cost = min(r.limit for r in self.rates)
         if isinstance(self, _CalendarWindow):
             self._bound(time.time_ns() // 1000)
@@ -134,7 +135,8 @@ class _CalendarWindow(FixedWindow):
         for i, r in enumerate(self.rates):
             if isinstance(r, Quota):
                 args[2 * i + 1] = window_arg(r.bounds(now_us))
-        self._args = tuple(args)
+        # A settlement's charge opens a quota's window up to its period's end, as a hit would.
+        self._args = self._refund_args = tuple(args)
 
     def _send(self, key: str, cost: int, mode: int, *extra: int) -> Awaitable[Reply]:
         # The checks raise here, before any I/O, as the plain limiter's do.

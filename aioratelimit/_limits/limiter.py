@@ -39,6 +39,7 @@ from .deny_cache import DenyCache
 from .failure import Breaker, Fallback, OnUnavailable
 from .guard import Guard, Options, check_cost
 from .pause import Pause, as_pause
+from .reservation import Reservation
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -108,7 +109,7 @@ class Limiter:
         # largest cost that could ever be admitted.
         self._suffixes: tuple[str, ...] = ()
         self._args: tuple[int | str, ...] = ()  # (str: a calendar quota's bounds)
-        self._refund_args: tuple[int, ...] = ()  # the refund script's, after the cost
+        self._refund_args: tuple[int | str, ...] = ()  # the refund script's, after the cost
         self._max_cost = 0
         # Set by ``_options`` (a subclass calls it once its rates are known).
         self._guard: Guard[Any] | None = None  # None: no option on, one script call
@@ -301,7 +302,8 @@ class Limiter:
         cost = self._check_cost(cost)
         backend = self._backend or get_backend()
         rate_keys = self._keys(backend, key)[: len(self._suffixes)]
-        reply = await backend._run(self._refund_script, rate_keys, (cost, *self._refund_args))
+        # (at_us 0, record_ms 0: to the windows open now, with no record: see Reservation)
+        reply = await backend._run(self._refund_script, rate_keys, (cost, 0, 0, *self._refund_args))
         await self._invalidate(key)
         return int(reply[0])
 
@@ -342,6 +344,15 @@ class Limiter:
         if not decision.allowed:
             raise RateLimited(f"rate limited: {key!r}", decision=decision)
         return decision
+
+    def reserve(self, key: str, cost: int = 1) -> Reservation:
+        """Admit ``cost``, an estimate, and settle the real cost later:
+        ``async with limiter.reserve(key, estimate) as r: ...; r.settle(actual)``, or
+        ``r = await limiter.reserve(key, estimate)``. Taking it is one ``hit`` (denied:
+        ``RateLimited``); ``settle`` gives back or charges the difference in the
+        background, once (``Reservation``). Bad arguments raise here, before any I/O."""
+        check_key(key)
+        return Reservation._create(self, key, self._check_cost(cost))
 
     def __call__(
         self, key: str, cost: int = 1, wait: bool = False, timeout: float | None = None

@@ -484,3 +484,18 @@ async def test_the_middleware_announces_a_quota_and_its_real_reset() -> None:
         assert march.status_code == 200
         assert march.headers["ratelimit"] == f'"plan";r=1;t={31 * 24 * 3600 - 3600}'
     await backend.aclose()
+
+
+async def test_a_settlement_reaches_a_quota(backend: arl.Backend, key: str) -> None:
+    """A reservation on a limiter with a quota settles under the quota too: a charge above
+    the estimate is counted in the period open now, a give-back returns what was unused."""
+    limiter = arl.FixedWindow("100/hour", arl.Quota(10, "day", tz="Europe/Berlin"), backend=backend)
+    over = await limiter.reserve(key, 2)
+    over.settle(5)
+    await over.wait()
+    assert over.state == "settled"
+    assert (await limiter.peek(key)).remaining == 10 - 5 - 1  # (peek asks for a cost of 1)
+    under = await limiter.reserve(key, 3)
+    under.settle(1)
+    await under.wait()
+    assert (await limiter.peek(key)).remaining == 10 - 6 - 1

@@ -74,6 +74,10 @@ async def main(idem: IdempotentRequest) -> None:
     assert_type(arl.lock("x"), arl.Hold)
     assert_type(arl.semaphore("x"), arl.Hold)
     assert_type(limiter("k"), arl.Admission)
+    async with limiter.reserve("k", 3) as reservation:
+        assert_type(reservation, arl.Reservation)
+    assert_type(await limiter.reserve("k"), arl.Reservation)
+    assert_type(reservation.settle(1), None)
     assert_type(await idem.run(job, 2), int)
 
     reveal_type(arl.lock)

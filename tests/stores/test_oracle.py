@@ -219,6 +219,11 @@ def bucket_keys(user: str, rate: tuple[int, int], burst: int, blockable: bool = 
     return [*limiter_keys("tb", user, (rate,), f"/{burst}"), *blocked("tb", user, blockable)]
 
 
+def settlement_key(kind: str, user: str, settle_id: str) -> str:
+    """``Reservation.settle``: the record of one settlement, the last KEY of its call."""
+    return _keys.settlement(head(kind), user, settle_id)
+
+
 def rate_args(rates: Rates) -> tuple[int | str, ...]:
     return tuple(v for rate in rates for v in rate)
 
@@ -284,6 +289,8 @@ TYPES.update({"idem": b"hash", "sem": b"zset", "sem-fence": b"hash", "doctor": b
 def key_type(key: str) -> bytes:
     kind = key.split(":")[1]
     if key.endswith("}:block"):  # a limiter's block (``_keys.block``)
+        return b"string"
+    if "}:settle:" in key:  # a settlement's record (``_keys.settlement``)
         return b"string"
     return TYPES["sem-fence" if kind == "sem" and key.endswith(":fence") else kind]
 
@@ -370,12 +377,20 @@ def side_by_side() -> Iterator[Pair]:
 
 
 @dataclass(frozen=True)
+class Ago:
+    """An argument resolved when the call is made: the clock ``us`` microseconds before
+    (a settlement's ``at_us``, the server clock of the hit it settles)."""
+
+    us: int
+
+
+@dataclass(frozen=True)
 class Call:
     """One script run, as a failing example prints it."""
 
     script: str
     keys: tuple[str, ...]
-    args: tuple[Arg, ...]
+    args: tuple[Arg | Ago, ...]
 
 
 def weighted(*choices: tuple[list[Call], int]) -> st.SearchStrategy[Call]:
@@ -400,7 +415,24 @@ def costs(rates: Rates, mode: int = 1) -> list[int]:
 
 #: a limiter of one user: its keys (the rates', then the block if ``blockable``), how many
 #: are the rates', every ARGV a hit or a peek on it may send, and every ARGV of a refund
-Limiter = tuple[tuple[str, ...], int, list[tuple[Arg, ...]], list[tuple[Arg, ...]]]
+#: after its first three (give, at_us, record_ms: ``settle_args``)
+Limiter = tuple[tuple[str, ...], int, list[tuple[Arg, ...]], tuple[Arg, ...]]
+
+#: a refund's or settlement's ARGV[2]: none (a plain refund), or the clock this long ago
+#: (a TokenBucket's: the TAT its hit left, ahead of the clock)
+AGO_US = (0, 1, 999, 1_000, 2_500, 40_000, 10**6, -1, -2_000, -40_000)
+AT_US: tuple[int | Ago, ...] = (0, *(Ago(us) for us in AGO_US))
+#: settlement ids (``_keys.new_token()``), few, so that a call is sent again
+SETTLE_IDS = TOKENS[:2]
+
+
+def settle_args(rates: Rates) -> list[tuple[int, int | Ago]]:
+    """(give, at_us): a plain refund's (at 0) and a settlement's, giving back or charging
+    (a negative give) up to a few times the tightest limit."""
+    top = min(lim for lim, _ in rates)
+    gives = sorted({-3 * top - 1, -top - 1, -top, -2, -1, 1, 2, top})
+    return [(g, at) for g in gives for at in AT_US]
+
 
 #: ARGV[2] of a limiter script (``_scripts.Mode``): peek, hit, hit counting denied hits,
 #: and each of them partial; a partial cost may be above the limit
@@ -418,7 +450,7 @@ def fixed_windows(user: str) -> list[Limiter]:
             tuple(fixed_keys(user, rates, blockable)),
             len(rates),
             [(c, mode, *rate_args(rates)) for c in costs(rates, mode)],
-            [(c,) for c in costs(rates)],
+            rate_args(rates),
         )
         for rates, mode, blockable in product(FIXED, MODES, (False, True))
     ]
@@ -430,7 +462,7 @@ def sliding_windows(user: str) -> list[Limiter]:
             tuple(sliding_keys(user, n, rates, blockable)),
             len(rates),
             [(c, mode, n, *rate_args(rates)) for c in costs(rates, mode)],
-            [(c, n, *rate_args(rates)) for c in costs(rates)],
+            (n, *rate_args(rates)),
         )
         for (n, rates), mode, blockable in product(SLIDING, MODES, (False, True))
     ]
@@ -448,7 +480,7 @@ def token_buckets(user: str) -> list[Limiter]:
                 for w in MAX_WAITS_US
                 if mode == 1
             ],
-            [(c, interval_us(rate)) for c in range(1, burst + 1)],
+            (interval_us(rate),),
         )
         for (rate, burst), mode, blockable in product(BUCKETS, MODES, (False, True))
     ]
@@ -456,10 +488,13 @@ def token_buckets(user: str) -> list[Limiter]:
 
 def limiter_calls(script: str, limiters: Callable[[str], list[Limiter]]) -> st.SearchStrategy[Call]:
     """Hits and peeks on the application's limiters (every mode), resets (DEL of one's
-    keys), blocks and refunds, and resets and bare invalidations through
-    ``rate_invalidate`` (told on its channel)."""
+    keys), blocks, refunds and settlements (with a record, sent again at times), and resets
+    and bare invalidations through ``rate_invalidate`` (told on its channel)."""
     hits, resets, blocks, refunds, blocked, invalidations = [], [], [], [], [], []
+    settles: list[Call] = []
+    kind = {"fixed_window": "fw", "sliding_window": "sw", "token_bucket": "tb"}[script]
     for user in USERS:
+        records = [settlement_key(kind, user, i) for i in SETTLE_IDS]
         for keys, nrates, args, refund_args in limiters(user):
             hits += [Call(script, keys, a) for a in args]
             resets.append(Call("delete", keys, ()))
@@ -472,13 +507,31 @@ def limiter_calls(script: str, limiters: Callable[[str], list[Limiter]]) -> st.S
                     for d, p in product(BLOCKS_US, PUBLISH)
                 ]
                 blocked.append(Call("limiter_blocked", keys[-1:], ()))
-            refunds += [Call(f"{script}_refund", keys[:nrates], a) for a in refund_args]
+            limits = refund_args[-2 * nrates :: 2]
+            rates = tuple((int(lim), 0) for lim in limits)  # (only the limits count here)
+            if kind == "tb":  # (a bucket's: give back or take up to a few bursts)
+                rates = ((int(args[0][2]), 0),)
+            for give, at in settle_args(rates):
+                refunds.append(Call(f"{script}_refund", keys[:nrates], (give, at, 0, *refund_args)))
+                settles += [
+                    Call(f"{script}_refund", (*keys[:nrates], r), (give, at, ms, *refund_args))
+                    for r in records
+                    for ms in (1, 30_000)
+                ]
             invalidations += [
                 Call("rate_invalidate", keys, (reset, channel, p))
                 for reset, p in product((0, 1), PUBLISH)
             ]
+    # (A limiter's refunds do not depend on its mode: each call once.)
+    refunds, settles = list(dict.fromkeys(refunds)), list(dict.fromkeys(settles))
     return weighted(
-        (hits, 8), (resets, 2), (blocks, 1), (refunds, 3), (blocked, 1), (invalidations, 3)
+        (hits, 8),
+        (resets, 2),
+        (blocks, 1),
+        (refunds, 2),
+        (settles, 4),
+        (blocked, 1),
+        (invalidations, 3),
     )
 
 
@@ -621,8 +674,8 @@ class Oracle(RuleBasedStateMachine):
     # -- one call on both sides, and the keyspaces
 
     def call(self, call: Call) -> None:
-        script, keys, args = SCRIPTS[call.script], call.keys, call.args
-        now = self.clock.now_us
+        script, keys, now = SCRIPTS[call.script], call.keys, self.clock.now_us
+        args = tuple(now - a.us if isinstance(a, Ago) else a for a in call.args)
         evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
         lua = self.redis.execute_command(*evalsha)
         twin = self.loop.run_until_complete(self.store.run(script, keys, args))
@@ -652,6 +705,8 @@ class Oracle(RuleBasedStateMachine):
             first = int(reply[0] > 0)
         elif name in ("delete", "rate_invalidate"):  # keys removed: none (0) or some (1)
             first = int(int(reply) > 0)
+        elif name.endswith("_refund"):  # {moved, now_us, applied}: none, some, a repeat (2)
+            first = 2 if reply[2] == 0 else int(reply[0] > 0)
         else:
             first = reply[0] if isinstance(reply, list) else reply
         self.seen[name, int(first)] += 1
@@ -713,7 +768,7 @@ class Oracle(RuleBasedStateMachine):
         self.compare(sorted(keys), f"the whole keyspace at {self.clock.now_us} µs")
 
 
-# A reset (``delete``, ``rate_invalidate``) or a refund that finds live keys is not required of the
+# A reset (``delete``, ``rate_invalidate``) that finds live keys is not required of the
 # random histories: with every mode, blockable or not, and several rates, the key a reset
 # draws was seldom hit within its window, and a run that never drew one failed about one
 # time in five. The replies are still compared whatever they are, and a reset of live keys
@@ -732,7 +787,7 @@ class FixedWindows(Oracle):
         # (1, a block running, is rarely read while a short block runs: pinned by
         # test_limiter_blocked_answers_like_its_twin_through_a_block)
         "limiter_blocked": {0},
-        "fixed_window_refund": {0},  # (a refund to a live window: see above)
+        "fixed_window_refund": {0, 1, 2},  # (nothing moved, some, a settlement's repeat)
         "rate_invalidate": {0},
     }
 
@@ -751,7 +806,7 @@ class SlidingWindows(Oracle):
         "delete": {0},  # (a reset of live keys: see above)
         "limiter_block": set(),
         "limiter_blocked": set(),
-        "sliding_window_refund": {0},  # (see above)
+        "sliding_window_refund": {0, 1, 2},
         "rate_invalidate": {0},
     }
 
@@ -770,7 +825,7 @@ class TokenBuckets(Oracle):
         "delete": {0},  # (a reset of live keys: see above)
         "limiter_block": set(),
         "limiter_blocked": set(),
-        "token_bucket_refund": {0},  # (see above)
+        "token_bucket_refund": {0, 1, 2},
         "rate_invalidate": {0},
     }
 
@@ -1064,7 +1119,8 @@ class Recording(MemoryStore):
 async def test_the_oracle_sends_what_the_library_sends() -> None:
     """The oracle's keys and arguments are what the primitives send for the same inputs
     (the random tokens and owners taken from the recorded calls)."""
-    store = Recording(Clock())
+    clock = Clock()
+    store = Recording(clock)
     backend = arl.Backend._of(store, prefix=PREFIX, url="memory://")
     calls = store.calls
     sent: list[tuple[str, list[str], list[Arg]]] = []
@@ -1086,7 +1142,7 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     channel = _keys.rate_channel(head("fw"), "u")
     expect("rate_invalidate", fixed_keys("u", rates, True), (1, channel, "PUBLISH"))
     expect("fixed_window", fixed_keys("u", rates, True), (9, 5, *rate_args(rates)))
-    expect("fixed_window_refund", fixed_keys("u", rates), (2,))
+    expect("fixed_window_refund", fixed_keys("u", rates), (2, 0, 0, *rate_args(rates)))
     expect("rate_invalidate", fixed_keys("u", rates, True), (0, channel, "PUBLISH"))
     expect("limiter_block", [block_key("fw", "u")], (2_500,))
     await _admin.blocked_for(fixed, "u")
@@ -1109,17 +1165,32 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     await sliding.refund("v{w}", 1)
     channel = _keys.rate_channel(head("sw"), "v{w}")
     expect("sliding_window", sliding_keys("v{w}", 7, rates), (3, 2, 7, *rate_args(rates)))
-    expect("sliding_window_refund", sliding_keys("v{w}", 7, rates), (1, 7, *rate_args(rates)))
+    expect("sliding_window_refund", sliding_keys("v{w}", 7, rates), (1, 0, 0, 7, *rate_args(rates)))
     expect("rate_invalidate", sliding_keys("v{w}", 7, rates), (0, channel, "PUBLISH"))
     bucket = arl.TokenBucket(limits[0], burst=2, backend=backend, blockable=True)
     await bucket.hit("u")
     await bucket.refund("u")
     await bucket.acquire("u", 2, wait=True, timeout=0)
     expect("token_bucket", bucket_keys("u", R3, 2, True), (1, 1, 2, interval_us(R3)))
-    expect("token_bucket_refund", bucket_keys("u", R3, 2), (1, interval_us(R3)))
+    expect("token_bucket_refund", bucket_keys("u", R3, 2), (1, 0, 0, interval_us(R3)))
     channel = _keys.rate_channel(head("tb"), "u")
     expect("rate_invalidate", bucket_keys("u", R3, 2, True), (0, channel, "PUBLISH"))
     expect("token_bucket", bucket_keys("u", R3, 2, True), (2, 1, 2, interval_us(R3), 0))
+
+    # A reservation: a hit for the estimate, then its settlement with a record (whose id
+    # is drawn), to the hit's clock; the record lives four timeouts (20 s by default).
+    reservation = await fixed.reserve("v{w}", 3)
+    at = clock.now_us
+    reservation.settle(1)
+    await reservation.wait()
+    settle_record = calls[-1][1][-1]
+    assert settle_record.startswith(settlement_key("fw", "v{w}", ""))
+    expect("fixed_window", fixed_keys("v{w}", rates, True), (3, 1, *rate_args(rates)))
+    expect(
+        "fixed_window_refund",
+        [*fixed_keys("v{w}", rates), settle_record],
+        (2, at, 20_000, *rate_args(rates)),
+    )
 
     lock = arl.Lock("L1", ttl=0.005, backend=backend)
     lease = await lock.acquire(timeout=0)
@@ -1192,7 +1263,8 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     # deny caches): the tests keep it to remove keys, and the machines above still check it.
     assert {name for name, _, _ in calls} == set(SCRIPTS) - {"delete"}
     # The oracle's tokens and owners look like the library's.
-    for drawn in (token, owner, second, *TOKENS):
+    settle_id = settle_record.rpartition(":")[2]
+    for drawn in (token, owner, second, settle_id, *TOKENS):
         assert re.fullmatch(r"[A-Za-z0-9_-]{22}", drawn), drawn
 
 
@@ -1250,6 +1322,55 @@ def test_a_sliding_window_opens_the_next_bucket_though_its_ring_has_room() -> No
         assert both(1, 2)[:3] == [1, 5, 0]  # counted, admitted
         assert both(1, 2)[:3] == [0, 5, 0]  # counted though denied
         assert both(1, 1)[:3] == [0, 5, -1]
+
+
+def test_a_settlement_gives_back_only_to_the_window_or_bucket_that_counted_its_hit() -> None:
+    """A give-back with the hit's clock reaches the fixed window that counted it, up to the
+    last microsecond its stored end allows (a window opened 1 µs into a millisecond ends
+    999 µs past first hit + window); once that window has ended, a later one gets nothing
+    back while a charge lands in it. The same for a sliding window's bucket: a give-back
+    reaches the hit's bucket only, not the newer one, and nothing once that bucket has left
+    the window. A repeat with the same record changes nothing. On the Lua and the twin."""
+    fixed = fixed_keys("u", (R4,))
+    record = settlement_key("fw", "u", SETTLE_IDS[0])
+    refund = SCRIPTS["fixed_window_refund"]
+    with side_by_side() as pair:
+        clock = pair.clock
+        clock.now_us = (T0 // 1000 + 1) * 1000 + 1  # 1 µs into a millisecond
+        hit_at = clock.now_us
+        assert pair.run(SCRIPTS["fixed_window"], fixed, (5, 1, *R4))[:3] == [1, 5, 0]
+        clock.now_us += 3_000
+        assert pair.run(refund, fixed, (2, hit_at, 0, *R4))[0] == 2
+        # Sent again with a record: applied once.
+        assert pair.run(refund, [*fixed, record], (1, hit_at, 5, *R4))[::2] == [1, 1]
+        assert pair.run(refund, [*fixed, record], (1, hit_at, 5, *R4))[::2] == [0, 0]
+        assert pair.client.get(fixed[0]) == b"2"
+        clock.now_us = hit_at + R4[1] + 998  # the window's last µs (its end is stored in ms)
+        assert pair.run(SCRIPTS["fixed_window"], fixed, (1, 1, *R4))[:3] == [1, 5, 2]
+        clock.now_us += 1  # ended: a new window
+        assert pair.run(SCRIPTS["fixed_window"], fixed, (1, 1, *R4))[:3] == [1, 5, 4]
+        assert pair.run(refund, fixed, (1, hit_at, 0, *R4))[0] == 0  # not the hit's window
+        assert pair.run(refund, fixed, (-7, hit_at, 0, *R4))[0] == 7  # a charge lands in it
+        assert pair.run(SCRIPTS["fixed_window"], fixed, (1, 0, *R4))[:3] == [0, 5, -3]
+
+    n, rate = 3, R4  # buckets of 3 334 µs
+    sliding = sliding_keys("u", n, (rate,))
+    b = -(-rate[1] // n)
+    args = (n, *rate)
+    refund = SCRIPTS["sliding_window_refund"]
+    with side_by_side() as pair:
+        clock = pair.clock
+        clock.now_us = (T0 // b + 1) * b + 10
+        hit_at = clock.now_us
+        assert pair.run(SCRIPTS["sliding_window"], sliding, (2, 1, *args))[:3] == [1, 5, 3]
+        clock.now_us += b  # the next bucket
+        assert pair.run(SCRIPTS["sliding_window"], sliding, (3, 1, *args))[:3] == [1, 5, 0]
+        assert pair.run(refund, sliding, (3, hit_at, 0, *args))[0] == 2  # its bucket's 2 only
+        assert pair.run(SCRIPTS["sliding_window"], sliding, (1, 0, *args))[:3] == [1, 5, 1]
+        clock.now_us += n * b  # the hit's bucket has left the window
+        assert pair.run(refund, sliding, (1, hit_at, 0, *args))[0] == 0
+        assert pair.run(refund, sliding, (-9, hit_at, 0, *args))[0] == 9  # into the current
+        assert pair.run(SCRIPTS["sliding_window"], sliding, (1, 0, *args))[:3] == [0, 5, -7]
 
 
 def test_a_hit_without_max_wait_one_microsecond_early_is_denied() -> None:

@@ -94,13 +94,18 @@ _monotonic_ns = time.monotonic_ns
 #: (``max_keys``): a limiter's hit its rates' counters (a peek writes nothing; the block
 #: key after them only a block writes), an acquisition, a claim, an issued token, a block,
 #: and a release's tombstone where nothing was held (both of a semaphore's keys on an
-#: acquisition, only its holders on a release). The others (refunds, renewals,
-#: completions, reads) only change or remove keys an earlier call made.
+#: acquisition, only its holders on a release), and a settlement (a refund sent with a
+#: record, or charging: any of its keys, the record last). The others (plain refunds,
+#: renewals, completions, reads) only change or remove keys an earlier call made.
 _CREATES: dict[str, Callable[[Sequence[Arg]], int]] = {
     "fixed_window": lambda args: 0 if int(args[1]) % 4 == 0 else (len(args) - 2) // 2,
     "sliding_window": lambda args: 0 if int(args[1]) % 4 == 0 else (len(args) - 3) // 2,
     "token_bucket": lambda args: 0 if int(args[1]) % 4 == 0 else 1,
     "limiter_block": lambda args: 1,
+    **dict.fromkeys(
+        ("fixed_window_refund", "sliding_window_refund", "token_bucket_refund"),
+        lambda args: 0 if int(args[0]) > 0 and int(args[2]) == 0 else 1 << 30,
+    ),
     "lock_acquire": lambda args: 1,
     "lock_release": lambda args: 1,
     "semaphore_acquire": lambda args: 2,
