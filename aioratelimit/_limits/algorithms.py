@@ -3,11 +3,16 @@
 Each names its scripts (``lua/fixed_window.lua``, ``lua/sliding_window.lua``,
 ``lua/token_bucket.lua`` and their refunds), its kind, its keys' suffixes and its scripts'
 constant arguments; everything else is their common base, ``Limiter``.
+
+``hash_tag=`` (each of them): a function of the user key naming the Redis Cluster hash tag
+of all of that key's Redis keys, on every backend, so a key's counters are the same whether
+it is hit alone or with others in one decision (``multi.hit_all``, which on a cluster needs
+the keys of one decision to share a tag). Without it a key is its own tag.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import _keys, _scripts
@@ -57,8 +62,9 @@ class FixedWindow(Limiter):
         on_unavailable: OnUnavailable = "raise",
         breaker: Breaker | None = None,
         shadow: bool = False,
+        hash_tag: Callable[[str], str] | None = None,
     ):
-        super().__init__(backend, name, count_denied, blockable)
+        super().__init__(backend, name, count_denied, blockable, hash_tag)
         self.rates = _rates(rates)
         self._suffixes = tuple(_keys.rate_suffix(r.limit, r.window_us) for r in self.rates)
         self._args = tuple(v for r in self.rates for v in (r.limit, r.window_us))
@@ -67,7 +73,7 @@ class FixedWindow(Limiter):
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
         rates = (Rate(share.scale(r.limit), r.window) for r in self.rates)
-        return FixedWindow(*rates, backend=backend, name=self.name)
+        return FixedWindow(*rates, backend=backend, name=self.name, hash_tag=self._hash_tag)
 
     def __repr__(self) -> str:
         rates = ", ".join(map(str, self.rates))
@@ -99,8 +105,9 @@ class SlidingWindow(Limiter):
         on_unavailable: OnUnavailable = "raise",
         breaker: Breaker | None = None,
         shadow: bool = False,
+        hash_tag: Callable[[str], str] | None = None,
     ):
-        super().__init__(backend, name, count_denied, blockable)
+        super().__init__(backend, name, count_denied, blockable, hash_tag)
         self.rates = _rates(rates)
         self.buckets = check_int(buckets, "buckets")
         if buckets > MAX_BUCKETS:
@@ -115,7 +122,9 @@ class SlidingWindow(Limiter):
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
         rates = (Rate(share.scale(r.limit), r.window) for r in self.rates)
-        return SlidingWindow(*rates, buckets=self.buckets, backend=backend, name=self.name)
+        return SlidingWindow(
+            *rates, buckets=self.buckets, backend=backend, name=self.name, hash_tag=self._hash_tag
+        )
 
     def __repr__(self) -> str:
         rates = ", ".join(map(str, self.rates))
@@ -148,8 +157,9 @@ class TokenBucket(Limiter):
         on_unavailable: OnUnavailable = "raise",
         breaker: Breaker | None = None,
         shadow: bool = False,
+        hash_tag: Callable[[str], str] | None = None,
     ):
-        super().__init__(backend, name, count_denied, blockable)
+        super().__init__(backend, name, count_denied, blockable, hash_tag)
         self.rate = as_rate(rate)
         self.burst, interval = token_bucket(self.rate, burst)
         suffix = _keys.rate_suffix(self.rate.limit, self.rate.window_us, f"/{self.burst}")
@@ -161,7 +171,8 @@ class TokenBucket(Limiter):
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
         rate = Rate(share.scale(self.rate.limit), self.rate.window)
-        return TokenBucket(rate, share.scale(self.burst), backend=backend, name=self.name)
+        burst = share.scale(self.burst)
+        return TokenBucket(rate, burst, backend=backend, name=self.name, hash_tag=self._hash_tag)
 
     @property
     def rates(self) -> tuple[Rate, ...]:

@@ -92,6 +92,7 @@ class Guard(Generic[R]):
         "on_unavailable",
         "send",
         "shadow",
+        "tag",
     )
 
     def __init__(
@@ -106,6 +107,7 @@ class Guard(Generic[R]):
         backend: Backend | None = None,
         head: tuple[str, str | None] = ("", None),
         observed: tuple[str | None, str] | None = None,
+        tag: Callable[[str], str | None] | None = None,
     ) -> None:
         if isinstance(options.on_unavailable, Fallback) != (fallback is not None):
             raise ValueError("a Fallback policy needs a fallback step, and only it")
@@ -113,6 +115,8 @@ class Guard(Generic[R]):
         self.on_unavailable, self.breaker = options.on_unavailable, options.breaker
         self.shadow = options.shadow
         self.cache, self.backend, self.head, self.observed = cache, backend, head, observed
+        #: key -> the hash tag of its keys and channel (a limiter's ``hash_tag``), or None
+        self.tag = tag
 
     def cached(self, key: str, cost: int, mode: int) -> Decision | None:
         """The hot path under attack, a plain method (no coroutine to pay for): the deny
@@ -208,9 +212,9 @@ class Guard(Generic[R]):
 
     def _watcher(self, cache: DenyCache) -> Callable[[str, Entry], asyncio.Task[None]]:
         backend = cache.backend  # the one the cache serves (``use``)
-        notifier, head = backend._notifier, backend._head(*self.head)
+        notifier, head, tag = backend._notifier, backend._head(*self.head), self.tag
         return lambda key, entry: _deny_cache.start_watch(
-            cache, notifier, _keys.rate_channel(head, key), key, entry
+            cache, notifier, _keys.rate_channel(head, key, tag and tag(key)), key, entry
         )
 
     async def _degraded(

@@ -32,6 +32,31 @@ def _mode(arg: Arg) -> tuple[int, bool]:
     return (mode - 4, True) if mode >= 4 else (mode, False)
 
 
+def _decode_mode(arg: Arg, nrates: int) -> tuple[int, bool, int]:
+    """``decode_mode`` of ``lua/rates_common.lua``: (0 peek / 1 hit / 2 hit counting denied,
+    partial, how many of the rates, the first ones, a denied hit is counted on)."""
+    counted, mode = divmod(int(arg), 8)
+    partial = mode >= 4
+    if partial:
+        mode -= 4
+    if mode == 2 or counted > nrates:
+        counted = nrates
+    if mode == 0:
+        counted = 0
+    return mode, partial, counted
+
+
+def _live_block(ks: Keyspace, keys: Sequence[str], nrates: int, now: int) -> tuple[int, int]:
+    """``live_block``: the live block after the rates' KEYS that runs longest, as
+    (microseconds it still runs, its 1-based index in KEYS), or (0, 0)."""
+    wait, at = 0, 0
+    for j in range(nrates, len(keys)):
+        block = ks.get(keys[j], now)
+        if block is not None and int(block) - now > wait:
+            wait, at = int(block) - now, j + 1
+    return wait, at
+
+
 def _blocked(ks: Keyspace, keys: Sequence[str], nrates: int, now: int) -> int:
     """Microseconds the key's block (``lua/limiter_block.lua``; the KEY after the rates',
     if sent) still runs, else 0."""
@@ -43,14 +68,15 @@ def _blocked(ks: Keyspace, keys: Sequence[str], nrates: int, now: int) -> int:
 
 def fixed_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
     nrates = (len(args) - 2) // 2
-    wait = _blocked(ks, keys, nrates, now)
+    wait, at = _live_block(ks, keys, nrates, now)
     if wait:
         limit = min(int(args[2 * i]) for i in range(1, nrates + 1))
-        return [0, limit, 0, wait, wait, now, 0]
+        return [0, limit, 0, wait, wait, now, 0, at]
     cost = int(args[0])
-    mode, partial = _mode(args[1])
+    mode, partial, counted = _decode_mode(args[1], nrates)
     if nrates == 1 and not partial:
-        return _fixed_window_one(ks, keys[0], cost, mode, args, now)
+        # (one rate: counting a denied hit on its first rate is counting it on all)
+        return _fixed_window_one(ks, keys[0], cost, 2 if counted else mode, args, now)
     counts: list[int] = []
     ends: list[int] = []
     for i, key in enumerate(keys[:nrates]):
@@ -67,26 +93,26 @@ def fixed_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: in
     if partial:
         cost = max(1, min(cost, *(int(args[2 + 2 * i]) - counts[i] for i in range(nrates))))
     allowed = 1
-    best_limit, best_rem, best_reset, best_retry = 0, -1, 0, 0
+    best_limit, best_rem, best_reset, best_retry, best = 0, -1, 0, 0, 0
     for i in range(nrates):
         limit = int(args[2 + 2 * i])
         rem = limit - counts[i]
         reset = min(ends[i] - now, int(args[3 + 2 * i]))
         if cost > rem:
             if allowed == 1 or reset > best_retry:
-                best_limit, best_rem, best_reset, best_retry = limit, rem, reset, reset
+                best_limit, best_rem, best_reset, best_retry, best = limit, rem, reset, reset, i + 1
             allowed = 0
         elif allowed == 1:
             rem -= cost
             if best_rem < 0 or rem < best_rem or (rem == best_rem and reset > best_reset):
-                best_limit, best_rem, best_reset = limit, rem, reset
-    if (allowed == 1 and mode >= 1) or (allowed == 0 and mode == 2):
-        for i, key in enumerate(keys[:nrates]):
-            if counts[i] == 0:
-                ks.set(key, cost, ceil_div(ends[i], 1000))
-            else:
-                ks.data[key] += cost
-    return [allowed, best_limit, best_rem, best_reset, best_retry, now, allowed * cost]
+                best_limit, best_rem, best_reset, best = limit, rem, reset, i + 1
+    writes = nrates if allowed == 1 and mode >= 1 else counted if allowed == 0 else 0
+    for i, key in enumerate(keys[:writes]):
+        if counts[i] == 0:
+            ks.set(key, cost, ceil_div(ends[i], 1000))
+        else:
+            ks.data[key] += cost
+    return [allowed, best_limit, best_rem, best_reset, best_retry, now, allowed * cost, best]
 
 
 def _fixed_window_one(
@@ -118,13 +144,13 @@ def _fixed_window_one(
     if cost > rem:
         if mode == 2 and not fresh:
             ks.data[key] = count + cost
-        return [0, limit, rem, reset, reset, now, 0]
+        return [0, limit, rem, reset, reset, now, 0, 1]
     if mode >= 1:
         if fresh:
             ks.set(key, cost, ceil_div(ends_at, 1000))
         else:
             ks.data[key] = count + cost
-    return [1, limit, rem - cost, reset, 0, now, cost]
+    return [1, limit, rem - cost, reset, 0, now, cost, 1]
 
 
 # -- lua/sliding_window.lua ----------------------------------------------------------------
@@ -132,12 +158,12 @@ def _fixed_window_one(
 
 def sliding_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
     nrates = (len(args) - 3) // 2
-    wait = _blocked(ks, keys, nrates, now)
+    wait, at = _live_block(ks, keys, nrates, now)
     if wait:
         limit = min(int(args[1 + 2 * i]) for i in range(1, nrates + 1))
-        return [0, limit, 0, wait, wait, now, 0]
+        return [0, limit, 0, wait, wait, now, 0, at]
     cost, n = int(args[0]), int(args[2])
-    mode, partial = _mode(args[1])
+    mode, partial, counted = _decode_mode(args[1], nrates)
     slots = n + 1
     slot = _slot_names(slots)
     size: list[int] = []
@@ -172,7 +198,7 @@ def sliding_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: 
     if partial:
         cost = max(1, min(cost, *(int(args[3 + 2 * i]) - totals[i] for i in range(nrates))))
     allowed = 1
-    best_limit, best_rem, best_reset, best_retry = 0, -1, 0, 0
+    best_limit, best_rem, best_reset, best_retry, best = 0, -1, 0, 0, 0
     for i in range(nrates):
         limit = int(args[3 + 2 * i])
         b, c, counts, total = size[i], current[i], rings[i], totals[i]
@@ -189,15 +215,16 @@ def sliding_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: 
                 top -= 1
             reset = (c + top + 1) * b - now
             if allowed == 1 or retry > best_retry:
-                best_limit, best_rem, best_reset, best_retry = limit, rem, reset, retry
+                best_limit, best_rem, best_reset, best_retry, best = limit, rem, reset, retry, i + 1
             allowed = 0
         elif allowed == 1:
             rem -= cost
             reset = (c + n + 1) * b - now
             if best_rem < 0 or rem < best_rem or (rem == best_rem and reset > best_reset):
-                best_limit, best_rem, best_reset = limit, rem, reset
-    if (allowed == 1 and mode >= 1) or (allowed == 0 and mode == 2):
-        for i, key in enumerate(keys[:nrates]):
+                best_limit, best_rem, best_reset, best = limit, rem, reset, i + 1
+    writes = nrates if allowed == 1 and mode >= 1 else counted if allowed == 0 else 0
+    if writes:
+        for i, key in enumerate(keys[:writes]):
             c, last = current[i], newest[i]
             field = slot[c % slots]
             ring: dict[str, int] | None = ks.get(key, now)
@@ -213,7 +240,7 @@ def sliding_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: 
             ring[field] = cost
             ring["c"] = c
             ks.pexpireat(key, ceil_div((c + n + 1) * size[i], 1000))
-    return [allowed, best_limit, best_rem, best_reset, best_retry, now, allowed * cost]
+    return [allowed, best_limit, best_rem, best_reset, best_retry, now, allowed * cost, best]
 
 
 # -- lua/token_bucket.lua ------------------------------------------------------------------
