@@ -27,19 +27,22 @@ from ._idempotency.tokens import consume_token, consumes_token, issue_token
 from ._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
 from ._limits.failure import Breaker, BreakerListener, Fallback, OnUnavailable
 from ._limits.limiter import Admission, Limiter
+from ._limits.multi import AllAdmission, acquire_all, admit_all, hit_all, peek_all
 from ._locks.lease import Hold, Lease
 from ._locks.lock import Lock, Semaphore, lock, semaphore
 from ._observe import Recorder, set_recorder
-from ._rates import Decision, Rate, RateLike
+from ._rates import Binding, Decision, Rate, RateLike
 from ._scripts import OnCall, ScriptCall
 from ._version import __version__
 
 __all__ = [
     "Admission",
     "AioRateLimitError",
+    "AllAdmission",
     "Backend",
     "BackendError",
     "BackendUnavailable",
+    "Binding",
     "Breaker",
     "BreakerListener",
     "Decision",
@@ -69,13 +72,17 @@ __all__ = [
     "TokenBucket",
     "TokenRejected",
     "__version__",
+    "acquire_all",
+    "admit_all",
     "configure",
     "consume_token",
     "consumes_token",
     "get_backend",
+    "hit_all",
     "idempotent",
     "issue_token",
     "lock",
+    "peek_all",
     "semaphore",
     "set_recorder",
 ]
