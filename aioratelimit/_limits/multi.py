@@ -51,9 +51,6 @@ _PEEK, _HIT, _COUNT_DENIED, _PARTIAL = int(Mode.PEEK), int(Mode.HIT), 2, int(Mod
 #: ``lua/rates_common.lua``)
 _COUNTED = 8
 
-#: What ``hit_all`` takes: (limiter, key) pairs, one decision over all of them.
-Pairs = Sequence[tuple[Limiter, str]]
-
 
 class _Plan:
     """One multi-key decision's script call, checked and built before any I/O: its KEYS,
@@ -279,7 +276,9 @@ def _shaped(plan: _Plan, decision: Decision) -> Decision:
     )
 
 
-async def hit_all(pairs: Pairs, cost: int = 1, *, partial: bool = False) -> Decision:
+async def hit_all(
+    pairs: Sequence[tuple[Limiter, str]], cost: int = 1, *, partial: bool = False
+) -> Decision:
     """Count ``cost`` hits for every (limiter, key) pair if every one of their limits
     admits them, in one script call; denied, count none (but on the keys of a limiter made
     with ``count_denied=True``). ``Decision.binding`` names the pair and rate that refused
@@ -294,14 +293,16 @@ async def hit_all(pairs: Pairs, cost: int = 1, *, partial: bool = False) -> Deci
     return await _decide(pairs, cost, _HIT + _PARTIAL if partial else _HIT)
 
 
-async def peek_all(pairs: Pairs, cost: int = 1, *, partial: bool = False) -> Decision:
+async def peek_all(
+    pairs: Sequence[tuple[Limiter, str]], cost: int = 1, *, partial: bool = False
+) -> Decision:
     """What ``hit_all`` would answer now; changes nothing."""
     if partial is not True and partial is not False:
         raise TypeError(f"partial must be a bool, not {type(partial).__name__}")
     return await _decide(pairs, cost, _PEEK + _PARTIAL if partial else _PEEK)
 
 
-async def acquire_all(pairs: Pairs, cost: int = 1) -> Decision:
+async def acquire_all(pairs: Sequence[tuple[Limiter, str]], cost: int = 1) -> Decision:
     """``hit_all``, raising ``RateLimited`` (its ``decision`` naming the key that refused)
     when denied."""
     decision = await _decide(pairs, cost, _HIT)
@@ -317,7 +318,7 @@ class AllAdmission:
 
     __slots__ = ("_cost", "_pairs", "decision")
 
-    def __init__(self, pairs: Pairs, cost: int) -> None:
+    def __init__(self, pairs: Sequence[tuple[Limiter, str]], cost: int) -> None:
         self._pairs, self._cost = pairs, cost
         #: the decision entering took (None until then)
         self.decision: Decision | None = None
@@ -340,7 +341,7 @@ class AllAdmission:
         return f"<AllAdmission {keys} cost={self._cost} decision={self.decision!r}>"
 
 
-def admit_all(pairs: Pairs, cost: int = 1) -> AllAdmission:
+def admit_all(pairs: Sequence[tuple[Limiter, str]], cost: int = 1) -> AllAdmission:
     """``async with admit_all([(per_user, "u1"), (per_ip, ip)]) as decision:`` runs the
     block only when every key admits the hit (``acquire_all``)."""
     return AllAdmission(pairs, cost)
