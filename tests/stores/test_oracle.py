@@ -432,10 +432,33 @@ def token_buckets(user: str) -> list[Limiter]:
     ]
 
 
+def multi_key(script: str, limiters: Callable[[str], list[Limiter]]) -> list[Call]:
+    """``hit_all`` and ``peek_all`` over two user keys (each limiter's counters, then the
+    blocks), every mode, and the denied-counting ones on the first limiter's rates only
+    (``+ 8k``); a SlidingWindow pair shares its buckets (ARGV[3]), as the library asks."""
+    calls = []
+    firsts, seconds = limiters(USERS[0]), limiters(USERS[1])
+    for (keys_a, na, args_a, _), (keys_b, nb, args_b, _) in product(firsts, seconds):
+        shared = 3 if script == "sliding_window" else 2  # cost, mode[, buckets]
+        if args_a[0][2:shared] != args_b[0][2:shared]:
+            continue
+        if args_a[0][1] != 1 or args_b[0][1] != 1:  # one of each limiter, its modes below
+            continue
+        keys = (*keys_a[:na], *keys_b[:nb], *keys_a[na:], *keys_b[nb:])
+        rates = (*args_a[0][shared:], *args_b[0][shared:])
+        pairs = tuple(zip(rates[::2], rates[1::2], strict=True))
+        for mode in (*MODES, *(m + 8 * k for m in (1, 5) for k in range(1, na + 1))):
+            calls += [
+                Call(script, keys, (c, mode, *args_a[0][2:shared], *rates))
+                for c in costs(pairs, mode % 8)
+            ]
+    return calls
+
+
 def limiter_calls(script: str, limiters: Callable[[str], list[Limiter]]) -> st.SearchStrategy[Call]:
-    """Hits and peeks on the application's limiters (every mode), resets (DEL of one's
-    keys), blocks and refunds, and resets and bare invalidations through
-    ``rate_invalidate`` (told on its channel)."""
+    """Hits and peeks on the application's limiters (every mode), multi-key hits and peeks
+    of the windows (``multi_key``), resets (DEL of one's keys), blocks and refunds, and
+    resets and bare invalidations through ``rate_invalidate`` (told on its channel)."""
     hits, resets, blocks, refunds, blocked, invalidations = [], [], [], [], [], []
     for user in USERS:
         for keys, nrates, args, refund_args in limiters(user):
@@ -450,9 +473,10 @@ def limiter_calls(script: str, limiters: Callable[[str], list[Limiter]]) -> st.S
                 Call("rate_invalidate", keys, (reset, channel, p))
                 for reset, p in product((0, 1), PUBLISH)
             ]
-    return weighted(
-        (hits, 8), (resets, 2), (blocks, 1), (refunds, 3), (blocked, 1), (invalidations, 3)
-    )
+    calls = [(hits, 8), (resets, 2), (blocks, 1), (refunds, 3), (blocked, 1), (invalidations, 3)]
+    if script != "token_bucket":
+        calls.append((multi_key(script, limiters), 4))
+    return weighted(*calls)
 
 
 def lock_calls() -> st.SearchStrategy[Call]:
