@@ -1095,6 +1095,11 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     expect("sliding_window", sliding_keys("v{w}", 7, rates), (3, 2, 7, *rate_args(rates)))
     expect("sliding_window_refund", sliding_keys("v{w}", 7, rates), (1, 7, *rate_args(rates)))
     expect("rate_invalidate", sliding_keys("v{w}", 7, rates), (0, channel, "PUBLISH"))
+    # A multi-key decision: the denied-counting limiter's rates first, then the blocks.
+    counting = arl.FixedWindow(arl.Rate(1, 0.001), backend=backend, count_denied=True)
+    await arl.hit_all([(fixed, "u"), (counting, "v{w}")], 1)
+    keys = [*limiter_keys("fw", "v{w}", (R1,)), *fixed_keys("u", rates, True)]
+    expect("fixed_window", keys, (1, 1 + 8 * 1, *rate_args((R1, *rates))))
     bucket = arl.TokenBucket(limits[0], burst=2, backend=backend, blockable=True)
     await bucket.hit("u")
     await bucket.refund("u")
