@@ -4,12 +4,12 @@
 ``hit_all([(per_user, "u1"), (per_ip, ip), (per_tenant, "acme")])`` admits the hit only if
 every key's limit admits it, and then counts it on every key; denied, it counts on none
 (but the keys of a limiter made with ``count_denied=True``). It is ONE run of the
-limiters' script (``lua/fixed_window.lua`` or ``lua/sliding_window.lua``, which already
-decide all-or-nothing over several counters) with every key's counters and blocks, so no
-other decision can come in between: chained checks (hit one key, then the next, giving
-back on a denial) admit past a limit under concurrency, and count a hit that the next key
-then refuses. The reply names the key that binds (its 8th element, an index in KEYS),
-which becomes ``Decision.binding``.
+limiters' script (``lua/fixed_window.lua``, ``lua/sliding_window.lua`` or
+``lua/token_bucket.lua``, each all-or-nothing over several counters or buckets) with
+every key's counters and blocks, so no other decision can come in between: chained
+checks (hit one key, then the next, giving back on a denial) admit past a limit under
+concurrency, and count a hit that the next key then refuses. The reply names the key that
+binds (its 8th element, an index in KEYS), which becomes ``Decision.binding``.
 
 On Redis Cluster the keys of one decision must share a slot, so they must share a hash
 tag: each limiter's ``hash_tag=`` names it (the same tag for a key whether it is hit alone
@@ -35,12 +35,12 @@ from types import TracebackType
 from typing import Any
 
 from .. import _keys
-from .._args import check_count, check_key
+from .._args import US, check_count, check_key
 from .._backend import Backend, get_backend
 from .._errors import BackendError, BackendUnavailable, RateLimited
 from .._rates import Binding, Decision, Rate, new_decision
 from .._scripts import Mode
-from .algorithms import SlidingWindow, TokenBucket
+from .algorithms import SlidingWindow
 from .deny_cache import clock
 from .failure import Breaker, Fallback
 from .guard import check_cost
@@ -52,32 +52,32 @@ _PEEK, _HIT, _COUNT_DENIED, _PARTIAL = int(Mode.PEEK), int(Mode.HIT), 2, int(Mod
 _COUNTED = 8
 
 
-class _Plan:
-    """One multi-key decision's script call, checked and built before any I/O: its KEYS,
-    ARGV and who owns each KEY (the pair's index, and its rate, or None for a block)."""
+class _Shape:
+    """What a multi-key decision's limiters fix, checked and built once per list of
+    limiters (``_shape``): the order of their KEYS (the rates of the limiters that count
+    a denied hit first, then the others', then the blocks), the owner of each KEY (the
+    pair's index, and its rate, or None for a block), the rates' ARGV and the mode added
+    for count_denied. A decision then only builds its keys."""
 
-    __slots__ = ("args", "backend", "cost", "keys", "limiters", "owners", "pairs", "script")
+    __slots__ = (
+        "counting", "limit", "order", "owners", "rates_args", "risky", "same_backend",
+        "script", "shadow", "sliding",
+    )  # fmt: skip
 
-    def __init__(self, pairs: object, cost: object, mode: int) -> None:
-        pairs = _check_pairs(pairs)
-        self.pairs: list[tuple[Limiter, str]] = pairs
-        self.limiters = [limiter for limiter, _ in pairs]
-        first = self.limiters[0]
+    def __init__(self, limiters: tuple[Limiter, ...]) -> None:
+        first = limiters[0]
         kind = type(first)
-        for limiter in self.limiters[1:]:
+        for limiter in limiters[1:]:
             if type(limiter) is not kind:
                 raise TypeError(
                     "the limiters of one multi-key decision must be of one algorithm (their"
                     f" scripts differ): {kind.__name__} and {type(limiter).__name__}; make"
                     f" them all {kind.__name__}, or decide them separately"
                 )
-        if isinstance(first, TokenBucket):
-            raise TypeError(
-                "TokenBucket limiters are not decided over several keys: use FixedWindow or"
-                " SlidingWindow for a multi-key decision"
-            )
+        #: a SlidingWindow's buckets: one ARGV for all the rates, so one value for all
+        self.sliding: tuple[int, ...] = ()
         if isinstance(first, SlidingWindow):
-            for limiter in self.limiters:
+            for limiter in limiters:
                 assert isinstance(limiter, SlidingWindow)
                 if limiter.buckets != first.buckets:
                     raise ValueError(
@@ -85,89 +85,128 @@ class _Plan:
                         f" windows into as many buckets (one script argument): {first.buckets}"
                         f" and {limiter.buckets}; give them the same buckets="
                     )
-        backends = {id(limiter._backend or get_backend()) for limiter in self.limiters}
-        if len(backends) > 1:
-            raise ValueError(
-                "the limiters of one multi-key decision must use one backend (one script"
-                " call): give them the same backend="
-            )
-        self.backend: Backend = first._backend or get_backend()
-        if mode >= _PARTIAL:
-            self.cost = check_count(cost, "cost")
-        else:
-            self.cost = check_cost(cost, min(limiter._max_cost for limiter in self.limiters))
-        if len({limiter.shadow for limiter in self.limiters}) > 1:
+            self.sliding = (first.buckets,)
+        if len({limiter.shadow for limiter in limiters}) > 1:
             raise ValueError(
                 "a multi-key decision admits or denies as one: its limiters must all be in"
                 " shadow mode, or none; make them alike, or decide the shadow ones apart"
             )
+        self.shadow = first.shadow
         self.script = first._script
-        self._build(mode)
-
-    def _build(self, mode: int) -> None:
-        """KEYS: the rates' counters of the limiters that count a denied hit first, then
-        the others', then the blocks; ARGV: cost, mode and the (limit, window) pairs."""
-        backend = self.backend
-        counting = [i for i, lim in enumerate(self.limiters) if lim.count_denied]
-        order = counting + [i for i, lim in enumerate(self.limiters) if not lim.count_denied]
-        keys: list[str] = []
+        self.limit = min(limiter._max_cost for limiter in limiters)
+        #: every limiter names its backend (the same one), or none does (the default)
+        self.same_backend = all(limiter._backend is first._backend for limiter in limiters)
+        n = range(len(limiters))
+        self.order = [i for i in n if limiters[i].count_denied]
+        self.order += [i for i in n if not limiters[i].count_denied]
         owners: list[tuple[int, Rate | None]] = []
         rates_args: list[int] = []
-        blocks: list[str] = []
-        block_owners: list[tuple[int, Rate | None]] = []
         counted = 0
-        for i in order:
-            limiter, key = self.pairs[i]
-            own = limiter._keys(backend, key)
+        for i in self.order:
+            limiter = limiters[i]
             nrates = len(limiter._suffixes)
-            keys += own[:nrates]
             owners += [(i, rate) for rate in _rates_of(limiter)]
             rates_args += limiter._args[-2 * nrates :]  # (a SlidingWindow's buckets first)
             if limiter.count_denied:
                 counted += nrates
+        owners += [(i, None) for i in self.order if limiters[i]._blockable]
+        self.owners, self.rates_args = owners, tuple(rates_args)
+        #: what a hit's mode gains: every rate counting denied hits, mode 2 (_COUNT_DENIED
+        #: rather than _HIT: + 1); some, + 8k (count them on the first k rates); none, 0
+        self.counting = 0
+        if counted:
+            everyone = counted == len(rates_args) // 2
+            self.counting = _COUNT_DENIED - _HIT if everyone else _COUNTED * counted
+        #: two limiters whose keys could be one counter (same kind, name and a rate): a
+        #: decision then checks its keys are distinct
+        heads = [(lim._head_id, suffix) for lim in limiters for suffix in lim._suffixes]
+        self.risky = len(set(heads)) < len(heads)
+
+
+#: _Shape by list of limiters: an application has a few such lists, made once; bounded
+#: all the same (cleared when full), so one made per request costs a rebuild, not memory.
+_SHAPES: dict[tuple[Limiter, ...], _Shape] = {}
+_MAX_SHAPES = 256
+
+
+def _shape(limiters: tuple[Limiter, ...]) -> _Shape:
+    shape = _SHAPES.get(limiters)
+    if shape is None:
+        shape = _Shape(limiters)
+        if len(_SHAPES) >= _MAX_SHAPES:
+            _SHAPES.clear()
+        _SHAPES[limiters] = shape
+    return shape
+
+
+class _Plan:
+    """One multi-key decision's script call, checked and built before any I/O: its KEYS
+    and ARGV, and its shape (``_Shape``)."""
+
+    __slots__ = ("args", "backend", "cost", "keys", "limiters", "pairs", "shape")
+
+    def __init__(self, pairs: object, cost: object, mode: int) -> None:
+        self.pairs = _check_pairs(pairs)
+        self.limiters = limiters = tuple(limiter for limiter, _ in self.pairs)
+        self.shape = shape = _shape(limiters)
+        first = limiters[0]
+        self.backend: Backend = first._backend or get_backend()
+        if not shape.same_backend and any(
+            (lim._backend or get_backend()) is not self.backend for lim in limiters
+        ):
+            raise ValueError(
+                "the limiters of one multi-key decision must use one backend (one script"
+                " call): give them the same backend="
+            )
+        if type(cost) is not int or not 0 < cost <= shape.limit:
+            # (a partial hit may ask for more than a limit: it gets what is left)
+            cost = check_count(cost, "cost") if mode >= _PARTIAL else check_cost(cost, shape.limit)
+        self.cost: int = cost
+        self._build(mode)
+
+    def _build(self, mode: int) -> None:
+        backend, pairs, shape = self.backend, self.pairs, self.shape
+        keys: list[str] = []
+        blocks: list[str] = []
+        for i in shape.order:
+            limiter, key = pairs[i]
+            own = limiter._keys(backend, key)
+            nrates = len(limiter._suffixes)
             if len(own) > nrates:
                 blocks.append(own[nrates])
-                block_owners.append((i, None))
-        if len(set(keys)) < len(keys):
+                del own[nrates:]
+            keys += own
+        if shape.risky and len(set(keys)) < len(keys):
             raise ValueError(
                 "a multi-key decision names one counter twice (the same limiter and key, or"
                 " two limiters of one kind, name and rates): list each (limiter, key) once,"
                 " or give the limiters different names"
             )
         keys += blocks
-        owners += block_owners
         if backend._publish_command == "SPUBLISH":  # Redis Cluster: one slot per script
-            tags = {_keys.hash_tag(k) for k in keys}
-            if len(tags) > 1:
+            tag = _keys.hash_tag(keys[0])
+            if any(_keys.hash_tag(k) != tag for k in keys):
                 raise ValueError(
                     "on Redis Cluster the keys of one decision must share a hash tag (one"
                     " slot), and these do not: make each limiter with hash_tag=, a function"
                     " of its key naming the tag they share (e.g. the tenant:"
                     " hash_tag=lambda key: key.split('/')[0])"
                 )
-        if mode != _PEEK and counted:
-            # Every limiter counting denied hits: the plain mode; some: the first k rates.
-            mode = (
-                _COUNT_DENIED if counted == len(owners) - len(blocks) else mode + _COUNTED * counted
-            )
-        if isinstance(self.limiters[0], SlidingWindow):
-            head: tuple[int, ...] = (self.cost, mode, self.limiters[0]._args[0])
-        else:
-            head = (self.cost, mode)
-        self.keys, self.owners = keys, owners
-        self.args = (*head, *rates_args)
+        if mode & 3 == _HIT:  # (partial or not; a peek counts nothing)
+            mode += shape.counting
+        self.keys = keys
+        self.args = (self.cost, mode, *shape.sliding, *shape.rates_args)
 
     def decision(self, reply: Sequence[int]) -> Decision:
         """The reply as a ``Decision`` naming the key and rate that bind."""
-        d = Decision.from_reply(reply)
-        index, rate = self.owners[int(reply[7]) - 1]
-        limit = d.limit
+        allowed, limit, remaining, reset_us, retry_us, _, granted, at = reply
+        index, rate = self.shape.owners[at - 1]
         if rate is None:  # a block denied: the limit is its limiter's tightest
             limit = self.limiters[index]._max_cost
         binding = Binding(index, self.pairs[index][1], rate)
         return new_decision(
-            d.allowed, limit, d.remaining, d.reset_after, d.retry_after, "redis",
-            granted=d.granted, binding=binding,
+            allowed == 1, limit, remaining if remaining > 0 else 0, reset_us / US,
+            retry_us / US, "redis", granted=granted, binding=binding,
         )  # fmt: skip
 
 
@@ -220,7 +259,7 @@ async def _decide(pairs: object, cost: object, mode: int) -> Decision:
                 gens[i] = guard.cache.gen
     sent = clock()
     try:
-        reply = await plan.backend._run(plan.script, plan.keys, plan.args)
+        reply = await plan.backend._run(plan.shape.script, plan.keys, plan.args)
     except BackendUnavailable as exc:
         _tell(breakers, Breaker.failed)
         return _shaped(plan, _degraded(plan, exc))
@@ -269,7 +308,7 @@ def _degraded(plan: _Plan, exc: BackendUnavailable | None) -> Decision:
 
 def _shaped(plan: _Plan, decision: Decision) -> Decision:
     """In shadow mode (all the limiters are, or none): admitted, saying what it would be."""
-    if not plan.limiters[0].shadow or decision.shadow:
+    if not plan.shape.shadow or decision.shadow:
         return decision
     return dataclasses.replace(
         decision, allowed=True, shadow=True, shadow_denied=not decision.allowed
@@ -284,10 +323,10 @@ async def hit_all(
     with ``count_denied=True``). ``Decision.binding`` names the pair and rate that refused
     it, or for an admitted one, that binds (the fewest hits left after it).
 
-    The limiters must be of one algorithm, FixedWindow or SlidingWindow (with one
-    ``buckets``), on one backend; on Redis Cluster the keys must share a hash tag (the
-    limiters' ``hash_tag=``). ``partial=True``: admit as much of ``cost`` as every limit
-    allows (at least 1), as ``Limiter.hit`` does."""
+    The limiters must be of one algorithm (FixedWindow, SlidingWindow with one
+    ``buckets``, or TokenBucket), on one backend; on Redis Cluster the keys must share a
+    hash tag (the limiters' ``hash_tag=``). ``partial=True``: admit as much of ``cost`` as
+    every limit allows (at least 1), as ``Limiter.hit`` does."""
     if partial is not True and partial is not False:
         raise TypeError(f"partial must be a bool, not {type(partial).__name__}")
     return await _decide(pairs, cost, _HIT + _PARTIAL if partial else _HIT)

@@ -21,6 +21,7 @@ from aioratelimit._scripts import ScriptCall
 KINDS: dict[str, Callable[..., arl.Limiter]] = {
     "fixed": arl.FixedWindow,
     "sliding": arl.SlidingWindow,
+    "token": arl.TokenBucket,
 }
 
 
@@ -35,7 +36,11 @@ def tenant() -> str:
 
 
 def make(kind: str, backend: arl.Backend, *rates: str, **options: Any) -> arl.Limiter:
+    """A limiter of ``kind`` tagged by the tenant (a TokenBucket takes the first rate, as
+    its burst: over the tests' few seconds it refills nothing)."""
     options.setdefault("name", f"n{uuid.uuid4().hex[:6]}")
+    if kind == "token":
+        rates = rates[:1]
     return KINDS[kind](*rates, backend=backend, hash_tag=tenant_of, **options)
 
 
@@ -166,11 +171,19 @@ async def test_count_denied_counts_on_its_own_keys_only(
         assert d.binding.index == 0
     assert await used(attempts, user, 10) == 4
     assert await used(per_tenant, tenant, 10) == 1
+    # A peek counts nothing, partial or not; a partial hit denied counts as a hit does.
+    for partial in (False, True):
+        assert not (await arl.peek_all(pairs, 1, partial=partial)).allowed
+    assert await used(attempts, user, 10) == 4
+    assert not (await arl.hit_all(pairs, 3, partial=True)).allowed
+    assert await used(attempts, user, 10) == 5
     # Every limiter counting denied hits (the plain mode): 4 + 7 > 10 on the user, and
     # the tenant's counts the 7 too.
     tenant_attempts = make(kind, backend, "10/hour", count_denied=True)
     d = await arl.hit_all([(attempts, user), (tenant_attempts, tenant)], 7)
     assert not d.allowed
+    assert await used(tenant_attempts, tenant, 10) == 7
+    assert (await arl.peek_all([(tenant_attempts, tenant)], 2, partial=True)).granted == 2
     assert await used(tenant_attempts, tenant, 10) == 7
 
 
@@ -210,6 +223,10 @@ async def test_cross_slot_keys_are_refused_on_a_cluster_before_any_io(
         assert (await arl.hit_all([(per_user, f"{tenant}/u1"), (per_ip, "1.2.3.4")])).allowed
 
 
+def not_a_tag(key: str) -> Any:
+    return 1
+
+
 async def test_bad_input_is_refused_before_any_io(redis_url: str, tenant: str) -> None:
     """Mixed algorithms, a TokenBucket, different buckets or backends, a counter named
     twice, a bad pair, key, tag or cost: TypeError/ValueError naming the fix, no call."""
@@ -220,7 +237,7 @@ async def test_bad_input_is_refused_before_any_io(redis_url: str, tenant: str) -
         other = arl.Backend.from_url("memory://")
         cases: list[tuple[Any, type[Exception], str]] = [
             ([(fw, "a"), (sw, "b")], TypeError, "one algorithm"),
-            ([(arl.TokenBucket("5/hour", backend=backend), "a")], TypeError, "FixedWindow"),
+            ([(fw, "a"), (arl.TokenBucket("5/hour", backend=backend), "b")], TypeError, "one"),
             (
                 [(sw, "a"), (arl.SlidingWindow("5/hour", buckets=4, backend=backend), "b")],
                 ValueError,
@@ -242,15 +259,16 @@ async def test_bad_input_is_refused_before_any_io(redis_url: str, tenant: str) -
                 "hash_tag",
             ),
             (
-                [(arl.FixedWindow("5/hour", backend=backend, hash_tag=lambda k: 1), "a")],
+                [(arl.FixedWindow("5/hour", backend=backend, hash_tag=not_a_tag), "a")],
                 TypeError,
-                "hash_tag",
+                "tag",
             ),
         ]
         for pairs, error, words in cases:
             with pytest.raises(error, match=words):
                 await arl.hit_all(pairs)
-        for cost in (0, 6, 1.0, True):
+        costs: list[Any] = [0, 6, 1.0, True]
+        for cost in costs:
             with pytest.raises((ValueError, TypeError)):
                 await arl.hit_all(
                     [(fw, "a"), (arl.FixedWindow("9/hour", backend=backend), "b")], cost

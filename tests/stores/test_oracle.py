@@ -435,7 +435,9 @@ def token_buckets(user: str) -> list[Limiter]:
 def multi_key(script: str, limiters: Callable[[str], list[Limiter]]) -> list[Call]:
     """``hit_all`` and ``peek_all`` over two user keys (each limiter's counters, then the
     blocks), every mode, and the denied-counting ones on the first limiter's rates only
-    (``+ 8k``); a SlidingWindow pair shares its buckets (ARGV[3]), as the library asks."""
+    (``+ 8k``); a SlidingWindow pair shares its buckets (ARGV[3]), as the library asks;
+    token buckets also book (a waiter's ``max_wait_us``, which the scripts define for
+    several buckets though the library sends it for one)."""
     calls = []
     firsts, seconds = limiters(USERS[0]), limiters(USERS[1])
     for (keys_a, na, args_a, _), (keys_b, nb, args_b, _) in product(firsts, seconds):
@@ -446,11 +448,15 @@ def multi_key(script: str, limiters: Callable[[str], list[Limiter]]) -> list[Cal
             continue
         keys = (*keys_a[:na], *keys_b[:nb], *keys_a[na:], *keys_b[nb:])
         rates = (*args_a[0][shared:], *args_b[0][shared:])
-        pairs = tuple(zip(rates[::2], rates[1::2], strict=True))
+        pairs = tuple((int(a), int(b)) for a, b in zip(rates[::2], rates[1::2], strict=True))
         for mode in (*MODES, *(m + 8 * k for m in (1, 5) for k in range(1, na + 1))):
             calls += [
                 Call(script, keys, (c, mode, *args_a[0][2:shared], *rates))
                 for c in costs(pairs, mode % 8)
+            ]
+        if script == "token_bucket":  # a booking over several buckets (max_wait_us)
+            calls += [
+                Call(script, keys, (c, 1, *rates, w)) for c in costs(pairs) for w in MAX_WAITS_US
             ]
     return calls
 
@@ -473,10 +479,16 @@ def limiter_calls(script: str, limiters: Callable[[str], list[Limiter]]) -> st.S
                 Call("rate_invalidate", keys, (reset, channel, p))
                 for reset, p in product((0, 1), PUBLISH)
             ]
-    calls = [(hits, 8), (resets, 2), (blocks, 1), (refunds, 3), (blocked, 1), (invalidations, 3)]
-    if script != "token_bucket":
-        calls.append((multi_key(script, limiters), 4))
-    return weighted(*calls)
+    multi = multi_key(script, limiters)
+    return weighted(
+        (hits, 8),
+        (multi, 4),
+        (resets, 2),
+        (blocks, 1),
+        (refunds, 3),
+        (blocked, 1),
+        (invalidations, 3),
+    )
 
 
 def lock_calls() -> st.SearchStrategy[Call]:

@@ -26,12 +26,6 @@ def _slot_names(slots: int) -> tuple[str, ...]:
 # -- lua/fixed_window.lua ------------------------------------------------------------------
 
 
-def _mode(arg: Arg) -> tuple[int, bool]:
-    """A limiter script's ARGV[2]: (0 peek / 1 hit / 2 hit counting denied, partial)."""
-    mode = int(arg)
-    return (mode - 4, True) if mode >= 4 else (mode, False)
-
-
 def _decode_mode(arg: Arg, nrates: int) -> tuple[int, bool, int]:
     """``decode_mode`` of ``lua/rates_common.lua``: (0 peek / 1 hit / 2 hit counting denied,
     partial, how many of the rates, the first ones, a denied hit is counted on)."""
@@ -55,15 +49,6 @@ def _live_block(ks: Keyspace, keys: Sequence[str], nrates: int, now: int) -> tup
         if block is not None and int(block) - now > wait:
             wait, at = int(block) - now, j + 1
     return wait, at
-
-
-def _blocked(ks: Keyspace, keys: Sequence[str], nrates: int, now: int) -> int:
-    """Microseconds the key's block (``lua/limiter_block.lua``; the KEY after the rates',
-    if sent) still runs, else 0."""
-    if len(keys) <= nrates:
-        return 0
-    block = ks.get(keys[-1], now)
-    return int(block) - now if block is not None and int(block) > now else 0
 
 
 def fixed_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
@@ -247,13 +232,24 @@ def sliding_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: 
 
 
 def token_bucket(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
+    nkeys = (len(args) - 2) // 2
+    counted, mode = divmod(int(args[1]), 8)
+    partial = mode >= 4
+    if partial:
+        mode -= 4
+    if mode == 1 and counted >= nkeys:
+        mode = 2
+    if mode != 1:
+        counted = nkeys if mode == 2 else 0
     burst, interval = int(args[2]), int(args[3])
-    wait = _blocked(ks, keys, 1, now)
+    wait, at = _live_block(ks, keys, nkeys, now)
     if wait:
-        return [0, burst, 0, wait, wait, now, 0]
+        burst = min(int(args[2 * i]) for i in range(1, nkeys + 1))
+        return [0, burst, 0, wait, wait, now, 0, at]
     cost = int(args[0])
-    mode, partial = _mode(args[1])
-    max_wait = int(args[4]) if len(args) > 4 else 0
+    max_wait = int(args[2 + 2 * nkeys]) if len(args) > 2 + 2 * nkeys else 0
+    if nkeys > 1:
+        return _token_buckets(ks, keys, args, now, cost, mode, partial, counted, max_wait)
     tat = ks.get(keys[0], now) or 0
     if tat < now:
         tat = now
@@ -265,15 +261,66 @@ def token_bucket(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: in
         retry = new_tat - capacity - now
         if mode == 1 and retry <= max_wait:
             ks.set(keys[0], new_tat, ceil_div(new_tat, 1000))
-            return [1, burst, 0, capacity, retry, now, cost]
+            return [1, burst, 0, capacity, retry, now, cost, 1]
         if mode == 2:
             pushed = min(new_tat, now + 2 * capacity)
             if pushed > tat:
                 ks.set(keys[0], pushed, ceil_div(pushed, 1000))
-        return [0, burst, (capacity - (tat - now)) // interval, tat - now, retry, now, 0]
+        return [0, burst, (capacity - (tat - now)) // interval, tat - now, retry, now, 0, 1]
     if mode >= 1:
         ks.set(keys[0], new_tat, ceil_div(new_tat, 1000))
-    return [1, burst, (capacity - (new_tat - now)) // interval, new_tat - now, 0, now, cost]
+    return [1, burst, (capacity - (new_tat - now)) // interval, new_tat - now, 0, now, cost, 1]
+
+
+def _token_buckets(
+    ks: Keyspace,
+    keys: Sequence[str],
+    args: Sequence[Arg],
+    now: int,
+    cost: int,
+    mode: int,
+    partial: bool,
+    counted: int,
+    max_wait: int,
+) -> Reply:
+    """``token_bucket`` over several buckets, all or nothing (a multi-key decision)."""
+    nkeys = (len(args) - 2) // 2
+    sizes = [int(args[2 + 2 * i]) for i in range(nkeys)]
+    steps = [int(args[3 + 2 * i]) for i in range(nkeys)]
+    tats = [max(ks.get(key, now) or 0, now) for key in keys[:nkeys]]
+    caps = [size * step for size, step in zip(sizes, steps, strict=True)]
+    if partial:
+        for tat, cap, step in zip(tats, caps, steps, strict=True):
+            cost = min(cost, (cap - (tat - now)) // step)
+    cost = max(cost, 1)
+    news = [tat + cost * step for tat, step in zip(tats, steps, strict=True)]
+    allowed, best, best_rem, best_reset, best_retry = 1, 0, -1, 0, 0
+    for i in range(nkeys):
+        if news[i] - now > caps[i]:
+            retry = news[i] - caps[i] - now
+            if allowed == 1 or retry > best_retry:
+                best, best_retry = i, retry
+            allowed = 0
+        elif allowed == 1:
+            rem, reset = (caps[i] - (news[i] - now)) // steps[i], news[i] - now
+            if best_rem < 0 or rem < best_rem or (rem == best_rem and reset > best_reset):
+                best, best_rem, best_reset = i, rem, reset
+    if allowed == 0:
+        if mode == 1 and best_retry <= max_wait:
+            for key, new in zip(keys, news, strict=False):
+                ks.set(key, new, ceil_div(new, 1000))
+            return [1, sizes[best], 0, caps[best], best_retry, now, cost, best + 1]
+        for i in range(counted):
+            pushed = min(news[i], now + 2 * caps[i])
+            if pushed > tats[i]:
+                ks.set(keys[i], pushed, ceil_div(pushed, 1000))
+        tat = tats[best]
+        remaining = (caps[best] - (tat - now)) // steps[best]
+        return [0, sizes[best], remaining, tat - now, best_retry, now, 0, best + 1]
+    if mode >= 1:
+        for key, new in zip(keys, news, strict=False):
+            ks.set(key, new, ceil_div(new, 1000))
+    return [1, sizes[best], best_rem, best_reset, 0, now, cost, best + 1]
 
 
 # -- lua/delete.lua ------------------------------------------------------------------------
