@@ -30,11 +30,11 @@ The limiters' options, in a multi-key decision:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from types import TracebackType
 from typing import Any
 
-from .. import _keys
+from .. import _keys, _observe
 from .._args import US, check_count, check_key
 from .._backend import Backend, get_backend
 from .._errors import BackendError, BackendUnavailable, RateLimited
@@ -60,8 +60,8 @@ class _Shape:
     for count_denied. A decision then only builds its keys."""
 
     __slots__ = (
-        "counting", "limit", "order", "owners", "rates_args", "risky", "same_backend",
-        "script", "shadow", "sliding",
+        "counting", "limit", "observed", "order", "owners", "rates_args", "risky",
+        "same_backend", "script", "shadow", "sliding",
     )  # fmt: skip
 
     def __init__(self, limiters: tuple[Limiter, ...]) -> None:
@@ -93,6 +93,8 @@ class _Shape:
             )
         self.shadow = first.shadow
         self.script = first._script
+        #: the name its decisions are reported under (``_observe``): the limiters', by +
+        self.observed = "+".join(limiter.name or limiter._kind for limiter in limiters)
         self.limit = min(limiter._max_cost for limiter in limiters)
         #: every limiter names its backend (the same one), or none does (the default)
         self.same_backend = all(limiter._backend is first._backend for limiter in limiters)
@@ -233,15 +235,28 @@ def _check_pairs(pairs: object) -> list[tuple[Limiter, str]]:
     return checked
 
 
-async def _decide(pairs: object, cost: object, mode: int) -> Decision:
+def _decide(pairs: object, cost: object, mode: int) -> Awaitable[Decision]:
+    """The decision, checked (bad input raises here, before any I/O) and reported to the
+    recorder (``_observe``) when there is one, as ONE decision of the limiters' names
+    joined by ``+`` (the deny cache's answers included: not as the limiter's own)."""
     plan = _Plan(pairs, cost, mode)
+    if _observe.recorder is None:
+        return _decided(plan, mode)
+    return _observe.guarded(plan.shape.observed, plan.shape.script.name, _decided(plan, mode))
+
+
+async def _decided(plan: _Plan, mode: int) -> Decision:
     limiters, keys_of = plan.limiters, [key for _, key in plan.pairs]
     guards = [(i, lim._guard) for i, lim in enumerate(limiters) if lim._guard is not None]
     for i, guard in guards:
-        cached = guard.cached(keys_of[i], plan.cost, mode)
-        if cached is not None:  # (shaped already, in shadow mode)
+        cache = guard.cache
+        if cache is None or mode >= _PARTIAL or cache.backend is not plan.backend:
+            continue  # (a partial hit's denial says nothing of a smaller cost: ``Guard``)
+        cached = cache.answer(keys_of[i], plan.cost)
+        if cached is not None:
             rate = next((r for r in _rates_of(limiters[i]) if r.limit == cached.limit), None)
-            return dataclasses.replace(cached, binding=Binding(i, keys_of[i], rate))
+            binding = Binding(i, keys_of[i], rate)
+            return _shaped(plan, dataclasses.replace(cached, binding=binding))
     breakers = [b for _, g in guards if (b := g.breaker) is not None]
     allowed = [b for b in breakers if b.allow()]
     if len(allowed) < len(breakers):
@@ -271,16 +286,16 @@ async def _decide(pairs: object, cost: object, mode: int) -> Decision:
         raise
     _tell(breakers, Breaker.succeeded)
     decision = plan.decision(reply)
-    binding = decision.binding
-    if not decision.allowed and binding is not None and binding.index in gens:
+    bound = decision.binding
+    if not decision.allowed and bound is not None and bound.index in gens:
         # The key that refused: its limiter's cache keeps the denial (true of that key
         # alone, whatever the others hold).
-        refusing = limiters[binding.index]._guard
+        refusing = limiters[bound.index]._guard
         assert refusing is not None
         assert refusing.cache is not None
         cache = refusing.cache
         cache.remember(
-            binding.key, plan.cost, decision, sent, gens[binding.index], refusing._watcher(cache)
+            bound.key, plan.cost, decision, sent, gens[bound.index], refusing._watcher(cache)
         )
     return _shaped(plan, decision)
 

@@ -337,3 +337,37 @@ async def test_the_strictest_failure_policy_is_served(
                 await arl.hit_all([(a, f"{tenant}/u1"), (c, tenant)])
         finally:
             await asyncio.to_thread(own_redis.start)
+
+
+async def test_a_recorder_hears_one_decision_under_the_joined_names(tenant: str) -> None:
+    """With a recorder: each multi-key decision is reported once, under the limiters' names
+    joined by "+", a cached denial too (not as the refusing limiter's own)."""
+    heard: list[tuple[str | None, str, str]] = []
+
+    class Decisions(arl.Recorder):
+        def decision(
+            self, limiter: str | None, algorithm: str, result: str, seconds: float, decision: Any
+        ) -> None:
+            heard.append((limiter, algorithm, result))
+
+    async with arl.Backend.from_url("memory://") as backend:
+        per_user = arl.FixedWindow("1/minute", backend=backend, name="user", deny_cache=10)
+        per_tenant = arl.FixedWindow("5/minute", backend=backend)
+        pairs = [(per_user, f"{tenant}/u1"), (per_tenant, tenant)]
+        arl.set_recorder(Decisions())
+        try:
+            for _ in range(3):
+                await arl.hit_all(pairs)
+            for _ in range(200):
+                if (await arl.hit_all(pairs)).source == "cache":
+                    break
+                await asyncio.sleep(0.01)  # the key's subscription is being confirmed
+        finally:
+            arl.set_recorder(None)
+    assert heard[:3] == [
+        ("user+fw", "fixed_window", "allowed"),
+        ("user+fw", "fixed_window", "denied"),
+        ("user+fw", "fixed_window", "denied"),
+    ]
+    assert heard[-1] == ("user+fw", "fixed_window", "denied_cached")
+    assert {h[0] for h in heard} == {"user+fw"}
