@@ -229,8 +229,7 @@ def _check_pairs(pairs: object) -> list[tuple[Limiter, str]]:
         if not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], Limiter):
             raise TypeError(f"each item must be a (limiter, key) pair, not {pair!r}")
         limiter, key = pair
-        check_key(key)
-        limiter._tag(key)  # a hash_tag that fails or answers no tag: raises here
+        check_key(key)  # (its tag is checked as its keys are built: ``Limiter._tag``)
         checked.append((limiter, key))
     return checked
 
@@ -257,7 +256,9 @@ async def _decided(plan: _Plan, mode: int) -> Decision:
             rate = next((r for r in _rates_of(limiters[i]) if r.limit == cached.limit), None)
             binding = Binding(i, keys_of[i], rate)
             return _shaped(plan, dataclasses.replace(cached, binding=binding))
-    breakers = [b for _, g in guards if (b := g.breaker) is not None]
+    # Each breaker once, though its limiter be in several pairs: a half-open breaker lets
+    # one probe through, which a second ``allow`` would refuse.
+    breakers = list({id(b): b for _, g in guards if (b := g.breaker) is not None}.values())
     allowed = [b for b in breakers if b.allow()]
     if len(allowed) < len(breakers):
         for b in allowed:

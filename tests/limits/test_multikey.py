@@ -16,6 +16,7 @@ import pytest
 from support.servers import RedisServer
 
 import aioratelimit as arl
+from aioratelimit._cli import admin as _admin
 from aioratelimit._scripts import ScriptCall
 
 KINDS: dict[str, Callable[..., arl.Limiter]] = {
@@ -371,3 +372,38 @@ async def test_a_recorder_hears_one_decision_under_the_joined_names(tenant: str)
     ]
     assert heard[-1] == ("user+fw", "fixed_window", "denied_cached")
     assert {h[0] for h in heard} == {"user+fw"}
+
+
+async def test_a_tagged_limiter_tells_other_processes_under_its_tag(
+    backend: arl.Backend, backend_url: str, tenant: str
+) -> None:
+    """hash_tag= moves a key's channel with its keys: a reset in one process reaches the
+    deny cache of another (on a cluster, the channel's shard is the tag's); a block and
+    the admin's read of it use the tagged block key."""
+    if backend_url == "memory://":
+        pytest.skip("memory:// is one process's store")
+    key = f"{tenant}/u1"
+    options: dict[str, Any] = {"name": "tagged-tell", "blockable": True}
+    here = make("fixed", backend, "2/hour", **options)
+    async with arl.Backend.from_url(backend_url) as other:
+        there = make("fixed", other, "2/hour", deny_cache=10, **options)
+        for _ in range(2):
+            assert (await there.hit(key)).allowed
+        for _ in range(200):
+            if (await there.hit(key)).source == "cache":
+                break
+            await asyncio.sleep(0.01)  # the key's subscription is being confirmed
+        else:
+            pytest.fail("no denial ever came from the cache")
+        await here.reset(key)
+        for _ in range(200):
+            if (await there.hit(key)).allowed:
+                break
+            await asyncio.sleep(0.01)  # the message is on its way
+        else:
+            pytest.fail("the reset never reached the other process's cache")
+    assert await here.block(key, 3600) > 3000
+    left, _ = await _admin.blocked_for(here, key)
+    assert left > 3000
+    decision = await arl.hit_all([(here, key)])
+    assert decision.binding == arl.Binding(0, key, None)
