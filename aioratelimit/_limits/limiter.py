@@ -172,7 +172,9 @@ class Limiter:
 
     def _shown(self) -> str:
         """Its options in its repr, with their live state (nothing when all are off)."""
-        return "" if self._guard is None else self._guard.shown()
+        tag = self._hash_tag
+        shown = "" if tag is None else f" hash_tag={getattr(tag, '__qualname__', tag)}"
+        return shown if self._guard is None else shown + self._guard.shown()
 
     @property
     def breaker(self) -> Breaker | None:

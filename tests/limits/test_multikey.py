@@ -407,3 +407,11 @@ async def test_a_tagged_limiter_tells_other_processes_under_its_tag(
     assert left > 3000
     decision = await arl.hit_all([(here, key)])
     assert decision.binding == arl.Binding(0, key, None)
+
+
+def test_reprs_show_the_tag_function_and_the_admission() -> None:
+    backend = arl.Backend.from_url("memory://")
+    assert "hash_tag=tenant_of" in repr(make("sliding", backend, "1/hour"))
+    assert "hash_tag" not in repr(arl.FixedWindow("1/hour", backend=backend))
+    admission = arl.admit_all([(arl.FixedWindow("1/hour", backend=backend), "k")])
+    assert repr(admission) == "<AllAdmission 'k' cost=1 decision=None>"
