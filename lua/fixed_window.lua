@@ -31,7 +31,13 @@
 -- binding_rate; first = 3).
 local cost = tonumber(ARGV[1])
 local nrates = (#ARGV - 2) / 2
-local commit, partial, counted = decode_mode(tonumber(ARGV[2]), nrates)
+local mode = tonumber(ARGV[2])
+local commit, partial, counted
+if mode < 4 then  -- a peek or a hit, the common case: decode_mode's answer, inline
+  commit, partial, counted = mode >= 1, false, mode == 2 and nrates or 0
+else
+  commit, partial, counted = decode_mode(mode, nrates)
+end
 local count_denied = counted == nrates
 
 local t = redis.call('TIME')

@@ -34,7 +34,13 @@ local cost = tonumber(ARGV[1])
 local n = tonumber(ARGV[3])
 local slots = n + 1
 local nrates = (#ARGV - 3) / 2
-local commit, partial, counted = decode_mode(tonumber(ARGV[2]), nrates)
+local mode = tonumber(ARGV[2])
+local commit, partial, counted
+if mode < 4 then  -- a peek or a hit, the common case: decode_mode's answer, inline
+  commit, partial, counted = mode >= 1, false, mode == 2 and nrates or 0
+else
+  commit, partial, counted = decode_mode(mode, nrates)
+end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])

@@ -30,14 +30,18 @@
 --   KEYS of the key that binds: bucket i's TAT (i), or the live block that denied (n + j).
 local cost = tonumber(ARGV[1])
 local mode = tonumber(ARGV[2])
-local counted = math.floor(mode / 8)
-mode = mode - counted * 8
+local counted = 0  -- the first buckets a denied hit is counted on (mode + 8k)
+if mode >= 8 then
+  counted = math.floor(mode / 8)
+  mode = mode - counted * 8
+end
 local partial = mode >= 4
 if partial then mode = mode - 4 end
-local nkeys = math.floor((#ARGV - 2) / 2)
--- Counting a denied hit on every bucket is mode 2; none, a peek's or a plain hit's.
+local nkeys = 1
+if #ARGV > 5 then nkeys = math.floor((#ARGV - 2) / 2) end
+-- Counting a denied hit on every bucket is mode 2; a peek counts none.
 if mode == 1 and counted >= nkeys then mode = 2 end
-if mode ~= 1 then counted = mode == 2 and nkeys or 0 end
+if mode == 2 then counted = nkeys elseif mode == 0 then counted = 0 end
 local burst = tonumber(ARGV[3])
 local interval = tonumber(ARGV[4])
 
