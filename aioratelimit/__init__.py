@@ -28,12 +28,13 @@ from ._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
 from ._limits.calendar import Quota
 from ._limits.failure import Breaker, BreakerListener, Fallback, OnUnavailable
 from ._limits.limiter import Admission, Limiter
+from ._limits.multi import AllAdmission, acquire_all, admit_all, hit_all, peek_all
 from ._limits.pause import Pause
 from ._limits.reservation import Reservation
 from ._locks.lease import Hold, Lease
 from ._locks.lock import Lock, Semaphore, lock, semaphore
 from ._observe import Recorder, set_recorder
-from ._rates import Decision, Rate, RateLike, parse_rates
+from ._rates import Binding, Decision, Rate, RateLike, parse_rates
 from ._scripts import OnCall, ScriptCall
 from ._version import __version__
 from ._web.headers import ratelimit_headers
@@ -41,9 +42,11 @@ from ._web.headers import ratelimit_headers
 __all__ = [
     "Admission",
     "AioRateLimitError",
+    "AllAdmission",
     "Backend",
     "BackendError",
     "BackendUnavailable",
+    "Binding",
     "Breaker",
     "BreakerListener",
     "Decision",
@@ -76,14 +79,18 @@ __all__ = [
     "TokenBucket",
     "TokenRejected",
     "__version__",
+    "acquire_all",
+    "admit_all",
     "configure",
     "consume_token",
     "consumes_token",
     "get_backend",
+    "hit_all",
     "idempotent",
     "issue_token",
     "lock",
     "parse_rates",
+    "peek_all",
     "ratelimit_headers",
     "semaphore",
     "set_recorder",

@@ -8,6 +8,11 @@ Layout: ``<prefix>:<kind>[:<name>]:{<user key>}<suffix>``.
 The part in braces is the Redis Cluster hash tag. It is always the caller's own key, so all
 keys of one decision (several rates, a lock and its fence) share one slot while different
 user keys spread over the whole cluster; a constant tag would pile every key onto one shard.
+A limiter made with ``hash_tag=`` (a function of the user key) names the tag itself, so
+the keys of several user keys can share one slot (a multi-key decision on a cluster):
+``<prefix>:<kind>[:<name>]:{<tag>}{<user key>}<suffix>``. The key keeps braces of its own,
+so it stays delimited: the first ``}`` ends the tag, and what follows it is ``{`` in a
+tagged key but the suffix, ``:``, in an untagged one (``by_tag``).
 Braces and ``%`` inside user-supplied parts are percent-escaped, which keeps the tag intact
 (``{`` or ``}`` in a user key cannot end it early) and the mapping injective (two different
 user keys never share a Redis key). A part must be text UTF-8 can encode (no lone
@@ -77,6 +82,14 @@ def tagged(head: str, key: str, suffix: str = "") -> str:
     return f"{head}{{{escape(key)}}}{suffix}"
 
 
+def by_tag(head: str, tag: str, key: str, suffix: str = "") -> str:
+    """One key under a tag the caller names (``hash_tag=``): ``head`` + ``{tag}`` + the
+    user's ``key`` in braces + ``suffix``. A suffix here always starts with ``:`` (the
+    rates', ``:block``, ``:inv``), never ``{``: such a key never equals a ``tagged`` one,
+    and two of them are equal only for the same tag, key and suffix."""
+    return f"{head}{{{escape(tag)}}}{{{escape(key)}}}{suffix}"
+
+
 def rate_suffix(limit: int, window_us: int, extra: str = "") -> str:
     """The per-rate suffix: a limiter keeps one key per (user key, rate)."""
     return f":{limit}/{window_us // 1000 if window_us % 1000 == 0 else f'{window_us}us'}{extra}"
@@ -90,21 +103,36 @@ def quota_suffix(limit: int, period: str, tz: str) -> str:
     return f":{limit}/{period}@{escape(tz)}"
 
 
-def block(limiter_head: str, key: str) -> str:
-    """A limiter's block of one user key (``Limiter.block``), under that key's tag."""
+def block(limiter_head: str, key: str, tag: str | None = None) -> str:
+    """A limiter's block of one user key (``Limiter.block``), under that key's tag (or the
+    ``tag`` its limiter names: ``by_tag``)."""
+    if tag is not None:
+        return by_tag(limiter_head, tag, key, ":block")
     return tagged(limiter_head, key, ":block")
 
 
-def settlement(limiter_head: str, key: str, settle_id: str) -> str:
+def settlement(limiter_head: str, key: str, settle_id: str, tag: str | None = None) -> str:
     """The record of one settlement of a reservation (``Reservation.settle``) of a user key,
-    under that key's tag: its script applies a settlement once, and a repeat finds it."""
+    under that key's tag (or its limiter's ``tag``): its script applies a settlement once,
+    and a repeat finds it."""
+    if tag is not None:
+        return by_tag(limiter_head, tag, key, f":settle:{settle_id}")
     return tagged(limiter_head, key, f":settle:{settle_id}")
 
 
-def rate_channel(head: str, key: str) -> str:
+def rate_channel(head: str, key: str, tag: str | None = None) -> str:
     """The channel a limiter's deny caches listen on for ``key`` (its keys' hash tag): told
     by ``lua/rate_invalidate.lua`` when a reset (or a refund, a block) changes the key."""
+    if tag is not None:
+        return by_tag(head, tag, key, ":inv")
     return tagged(head, key, ":inv")
+
+
+def hash_tag(key: str) -> str:
+    """The Redis Cluster hash tag of a key this module built (``tagged``, ``by_tag``): what
+    lies between its first ``{`` and the ``}`` after it (neither is ever escaped away)."""
+    start = key.index("{") + 1
+    return key[start : key.index("}", start)]
 
 
 #: The kinds of records, the second part of their keys (``head(prefix, kind, name)``).

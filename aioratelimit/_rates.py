@@ -124,6 +124,20 @@ def as_rate(value: object) -> Rate:
 
 
 @dataclass(frozen=True, slots=True)
+class Binding:
+    """Which of a multi-key decision's keys and rates its ``Decision`` speaks for
+    (``hit_all``): the one that refused it, or for an admitted one, the one that binds (the
+    fewest hits left after it)."""
+
+    #: the position of the (limiter, key) pair in the list the decision was asked for
+    index: int
+    #: that pair's key
+    key: str
+    #: the rate that binds (a TokenBucket's rate), or None when the key's block denied
+    rate: Rate | None
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """The answer to a hit or a peek, for the tightest of the limiter's rates."""
 
@@ -150,6 +164,8 @@ class Decision:
     shadow: bool = False
     #: True when a shadow limiter admitted a hit its limit would have denied
     shadow_denied: bool = False
+    #: a multi-key decision's (``hit_all``): the key and rate it speaks for; else None
+    binding: Binding | None = None
 
     @property
     def degraded(self) -> bool:
@@ -159,9 +175,9 @@ class Decision:
     @classmethod
     def from_reply(cls, reply: Sequence[int]) -> Decision:
         """The one reading of a limiter script's reply ``{allowed, limit, remaining,
-        reset_us, retry_us, now_us, granted}``."""
+        reset_us, retry_us, now_us, granted[, binding]}``."""
         # RESP integers: ints already, from every client and from the memory twins.
-        allowed, limit, remaining, reset_us, retry_us, _, granted = reply
+        allowed, limit, remaining, reset_us, retry_us, _, granted = reply[:7]
         return new_decision(
             allowed == 1,
             limit,
@@ -194,6 +210,7 @@ class _Unfrozen:
     source: str
     shadow: bool
     shadow_denied: bool
+    binding: Binding | None
 
 
 _new = object.__new__
@@ -209,6 +226,7 @@ def new_decision(
     shadow: bool = False,
     shadow_denied: bool = False,
     granted: int = 0,
+    binding: Binding | None = None,
 ) -> Decision:
     """A ``Decision`` made without the frozen dataclass's ``__init__``: every reply's
     (``Decision.from_reply``) and the deny cache's answers (1 µs less per cached denial)."""
@@ -222,5 +240,6 @@ def new_decision(
     d.source = source
     d.shadow = shadow
     d.shadow_denied = shadow_denied
+    d.binding = binding
     d.__class__ = Decision  # type: ignore[assignment]
     return cast(Decision, d)

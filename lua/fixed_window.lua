@@ -10,18 +10,20 @@
 --                    as Redis writes integers: one rate's count takes it as sent)
 -- ARGV[2]  mode      0 = peek (write nothing), 1 = hit (count when admitted), 2 = hit and
 --                    count a denied hit too; plus 4 = partial: admit as much of cost as
---                    every rate allows (at least 1), the rest is not asked for
+--                    every rate allows (at least 1), the rest is not asked for; plus 8k:
+--                    count a denied hit on the first k rates only (decode_mode)
 -- ARGV[1+2i] limit_i      integer >= 1
 -- ARGV[2+2i] window_us_i  window of rate i in microseconds (>= 1000); or, for a calendar
 --                         quota, 'start_us,end_us,next_end_us': the bounds of a period and
 --                         of the one after it, whose window is what is left of the one
 --                         holding now (see `calendar` below)
 --
--- Reply: {allowed (1/0), limit, remaining, reset_after_us, retry_after_us, now_us, granted}
---   for the tightest rate; now_us is the server clock (TIME) the decision used; granted is
---   the cost admitted (0 when denied; with partial, retry_after_us is for a cost of 1).
---   reset_after_us and retry_after_us never exceed the rate's window_us (a live block's
---   answer is the block's end): a window's end is stored in whole ms, rounded up (PXAT
+-- Reply: {allowed (1/0), limit, remaining, reset_after_us, retry_after_us, now_us, granted,
+--   binding} for the tightest rate; now_us is the server clock (TIME) the decision used;
+--   granted is the cost admitted (0 when denied; with partial, retry_after_us is for a cost
+--   of 1); binding is the index in KEYS of the key that binds: rate i's counter (i), or the
+--   live block that denied (n + j). reset_after_us and retry_after_us never exceed the
+--   rate's window_us (a live block's answer is the block's end): a window's end is stored in whole ms, rounded up (PXAT
 --   ceil), so for its first ms it lies up to 999 µs past first hit + window_us; the reply
 --   says window_us then (the caller's waiter sleeps 1 ms more than it is told).
 --   {-1, 0, 0, 0, 0, now_us, 0} when a calendar quota's bounds hold no period with now_us:
@@ -30,14 +32,18 @@
 -- Commands: GET, INCRBY, SET PXAT (6.2), TIME, and PEXPIRETIME (7.0) where the server has
 -- it, else PTTL: Redis 7.0+ (and Valkey) set redis.REDIS_VERSION_NUM, 6.2 does not. On 6.2
 -- the end is read in whole ms from the server's ms clock (PTTL), taken as the ms of TIME.
--- Runs after rates_common.lua (tightest_limit, partial_cost, binding_rate; first = 3).
+-- Runs after rates_common.lua (decode_mode, live_block, tightest_limit, partial_cost,
+-- binding_rate; first = 3).
 local cost = tonumber(ARGV[1])
-local mode = tonumber(ARGV[2])
-local partial = mode >= 4
-if partial then mode = mode - 4 end
-local commit = mode >= 1
-local count_denied = mode == 2
 local nrates = (#ARGV - 2) / 2
+local mode = tonumber(ARGV[2])
+local commit, partial, counted
+if mode < 4 then  -- a peek or a hit, the common case: decode_mode's answer, inline
+  commit, partial, counted = mode >= 1, false, mode == 2 and nrates or 0
+else
+  commit, partial, counted = decode_mode(mode, nrates)
+end
+local count_denied = counted == nrates
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -75,10 +81,11 @@ else
   end
 end
 
-local block = #KEYS > nrates and redis.call('GET', KEYS[#KEYS])
-if block and tonumber(block) > now then
-  local wait = tonumber(block) - now
-  return {0, tightest_limit(3, nrates), 0, wait, wait, now, 0}
+if #KEYS > nrates then
+  local wait, at = live_block(nrates, now)
+  if wait > 0 then
+    return {0, tightest_limit(3, nrates), 0, wait, wait, now, 0, at}
+  end
 end
 
 if nrates == 1 and not partial then
@@ -103,24 +110,24 @@ if nrates == 1 and not partial then
         if count_denied then
           redis.call('INCRBY', key, ARGV[1])
         end
-        return {0, limit, rem, reset, reset, now, 0}
+        return {0, limit, rem, reset, reset, now, 0, 1}
       end
       if commit then
         redis.call('INCRBY', key, ARGV[1])
       end
-      return {1, limit, rem - cost, reset, 0, now, cost}
+      return {1, limit, rem - cost, reset, 0, now, cost, 1}
     end
   end
   -- No window open (never was, expired, or ends at this very moment): a new one.
   if cost > limit then
-    return {0, limit, limit, window, window, now, 0}
+    return {0, limit, limit, window, window, now, 0, 1}
   end
   if commit then
     -- '%d' writes the whole ms as Redis's own '%.17g' would, in less: 2.6 % of the
     -- server's instructions per first hit (callgrind).
     redis.call('SET', key, ARGV[1], 'PXAT', string.format('%d', math.ceil((now + window) / 1000)))
   end
-  return {1, limit, limit - cost, window, 0, now, cost}
+  return {1, limit, limit - cost, window, 0, now, cost, 1}
 end
 
 local counts, ends, windows = {}, {}, {}
@@ -162,17 +169,22 @@ local function denied(i)
   local reset = reset_after(i)
   return reset, reset
 end
-local allowed, best_limit, best_rem, best_reset, best_retry =
+local allowed, best_limit, best_rem, best_reset, best_retry, best =
   binding_rate(cost, 3, nrates, counts, reset_after, denied)
 
-if (allowed == 1 and commit) or (allowed == 0 and count_denied) then
-  for i = 1, nrates do
-    if counts[i] == 0 then
-      redis.call('SET', KEYS[i], cost, 'PXAT', math.ceil(ends[i] / 1000))
-    else
-      redis.call('INCRBY', KEYS[i], cost)
-    end
+-- Admitted, every rate counts the hit; denied, the first `counted` ones (count_denied).
+local writes = 0
+if allowed == 1 and commit then
+  writes = nrates
+elseif allowed == 0 then
+  writes = counted
+end
+for i = 1, writes do
+  if counts[i] == 0 then
+    redis.call('SET', KEYS[i], cost, 'PXAT', math.ceil(ends[i] / 1000))
+  else
+    redis.call('INCRBY', KEYS[i], cost)
   end
 end
 
-return {allowed, best_limit, best_rem, best_reset, best_retry, now, allowed * cost}
+return {allowed, best_limit, best_rem, best_reset, best_retry, now, allowed * cost, best}

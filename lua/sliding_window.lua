@@ -1,6 +1,7 @@
 -- sliding_window: check and (when admitted and committing) count one hit against every rate,
 -- each rate a ring of sub-window counters. All-or-nothing; a denied hit writes nothing
 -- (unless the mode counts denied hits). A live block (limiter_block.lua) denies every hit.
+-- The rates may be those of several user keys (a multi-key decision): all-or-nothing over all.
 --
 -- A rate's window of window_us is cut into n buckets of b = ceil(window_us / n) microseconds,
 -- aligned on the server clock; bucket index c = floor(now / b). A hit at `now` is admitted
@@ -10,38 +11,45 @@
 --
 -- KEYS[i]  ring of rate i (hash: field "c" = newest bucket index written, fields "0".."n" =
 --          counts of bucket index mod (n+1); expires once its newest bucket leaves the window)
--- KEYS[r+1]  optional, after the r rates' rings: the key's block (string: its end in µs;
---            expires then), for a limiter made with blockable=True
+-- KEYS[r+j]  optional, after the r rates' rings: blocks (string: its end in µs; expires
+--            then), one per user key of a limiter made with blockable=True
 -- ARGV[1]  cost      hits this call consumes (integer >= 1, <= every limit; in decimal,
 --                    as Redis writes integers: one rate's count takes it as sent)
 -- ARGV[2]  mode      0 = peek (write nothing), 1 = hit (count when admitted), 2 = hit and
 --                    count a denied hit too; plus 4 = partial: admit as much of cost as
---                    every rate allows (at least 1), the rest is not asked for
+--                    every rate allows (at least 1), the rest is not asked for; plus 8k:
+--                    count a denied hit on the first k rates only (decode_mode)
 -- ARGV[3]  n         buckets per window (integer 1 .. 1000)
 -- ARGV[2+2i] limit_i      integer >= 1
 -- ARGV[3+2i] window_us_i  window of rate i in microseconds (>= 1000)
 --
--- Reply: {allowed (1/0), limit, remaining, reset_after_us, retry_after_us, now_us, granted}
---   for the tightest rate; now_us is the server clock (TIME) the decision used; granted is
---   the cost admitted (0 when denied; with partial, retry_after_us is for a cost of 1).
--- Runs after rates_common.lua (tightest_limit, partial_cost, binding_rate; first = 4).
+-- Reply: {allowed (1/0), limit, remaining, reset_after_us, retry_after_us, now_us, granted,
+--   binding} for the tightest rate; now_us is the server clock (TIME) the decision used;
+--   granted is the cost admitted (0 when denied; with partial, retry_after_us is for a cost
+--   of 1); binding is the index in KEYS of the key that binds: rate i's ring (i), or the
+--   live block that denied (r + j).
+-- Runs after rates_common.lua (decode_mode, live_block, tightest_limit, partial_cost,
+-- binding_rate; first = 4).
 local cost = tonumber(ARGV[1])
-local mode = tonumber(ARGV[2])
-local partial = mode >= 4
-if partial then mode = mode - 4 end
-local commit = mode >= 1
-local count_denied = mode == 2
 local n = tonumber(ARGV[3])
 local slots = n + 1
 local nrates = (#ARGV - 3) / 2
+local mode = tonumber(ARGV[2])
+local commit, partial, counted
+if mode < 4 then  -- a peek or a hit, the common case: decode_mode's answer, inline
+  commit, partial, counted = mode >= 1, false, mode == 2 and nrates or 0
+else
+  commit, partial, counted = decode_mode(mode, nrates)
+end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
-local block = #KEYS > nrates and redis.call('GET', KEYS[#KEYS])
-if block and tonumber(block) > now then
-  local wait = tonumber(block) - now
-  return {0, tightest_limit(4, nrates), 0, wait, wait, now, 0}
+if #KEYS > nrates then
+  local wait, at = live_block(nrates, now)
+  if wait > 0 then
+    return {0, tightest_limit(4, nrates), 0, wait, wait, now, 0, at}
+  end
 end
 
 local floor, tostring, tonumber = math.floor, tostring, tonumber
@@ -85,7 +93,7 @@ if nrates == 1 and not partial then
         -- ARGV[1] as sent: a number would be formatted back into a string (2.6 %).
         redis.call('HINCRBY', key, last - idiv(last, slots) * slots, ARGV[1])
       end
-      return {1, limit, rem - cost, (last + n + 1) * b1 - now, 0, now, cost}
+      return {1, limit, rem - cost, (last + n + 1) * b1 - now, 0, now, cost, 1}
     end
   end
 end
@@ -151,11 +159,18 @@ local function denied(i, limit)
   return (c + top + 1) * b - now, (c + k + 1) * b - now
 end
 
-local allowed, best_limit, best_rem, best_reset, best_retry =
+local allowed, best_limit, best_rem, best_reset, best_retry, best =
   binding_rate(cost, 4, nrates, total, admitted, denied)
 
-if (allowed == 1 and commit) or (allowed == 0 and count_denied) then
-  for i = 1, nrates do
+-- Admitted, every rate counts the hit; denied, the first `counted` ones (count_denied).
+local writes = 0
+if allowed == 1 and commit then
+  writes = nrates
+elseif allowed == 0 then
+  writes = counted
+end
+if writes > 0 then
+  for i = 1, writes do
     local c, last = current[i], newest[i]
     local s = c - idiv(c, slots) * slots
     if c == last then
@@ -183,4 +198,4 @@ if (allowed == 1 and commit) or (allowed == 0 and count_denied) then
   end
 end
 
-return {allowed, best_limit, best_rem, best_reset, best_retry, now, allowed * cost}
+return {allowed, best_limit, best_rem, best_reset, best_retry, now, allowed * cost, best}

@@ -31,7 +31,8 @@ async def blocked_for(limiter: Limiter, key: str) -> tuple[float, int]:
     check_key(key)
     backend = limiter.backend
     head = backend._head(limiter._kind, limiter.name)
-    left, now = await backend._run(_scripts.LIMITER_BLOCKED, [_keys.block(head, key)], ())
+    block = _keys.block(head, key, limiter._tag(key))  # (under its hash_tag=, if made with one)
+    left, now = await backend._run(_scripts.LIMITER_BLOCKED, [block], ())
     return from_us(int(left)), int(now)
 
 

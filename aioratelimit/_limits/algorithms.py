@@ -3,12 +3,17 @@
 Each names its scripts (``lua/fixed_window.lua``, ``lua/sliding_window.lua``,
 ``lua/token_bucket.lua`` and their refunds), its kind, its keys' suffixes and its scripts'
 constant arguments; everything else is their common base, ``Limiter``.
+
+``hash_tag=`` (each of them): a function of the user key naming the Redis Cluster hash tag
+of all of that key's Redis keys, on every backend, so a key's counters are the same whether
+it is hit alone or with others in one decision (``multi.hit_all``, which on a cluster needs
+the keys of one decision to share a tag). Without it a key is its own tag.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -86,8 +91,9 @@ class FixedWindow(Limiter):
         breaker: Breaker | None = None,
         shadow: bool = False,
         pause: Pause | str | None = None,
+        hash_tag: Callable[[str], str] | None = None,
     ):
-        super().__init__(backend, name, count_denied, blockable)
+        super().__init__(backend, name, count_denied, blockable, hash_tag)
         self.rates: tuple[Rate | Quota, ...] = _rates(rates)
         if any(isinstance(r, Quota) for r in self.rates):
             # The subclass that sends the periods' bounds (the same slots), before its
@@ -110,7 +116,7 @@ class FixedWindow(Limiter):
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
         rates = (replace(r, limit=share.scale(r.limit)) for r in self.rates)
-        return FixedWindow(*rates, backend=backend, name=self.name)
+        return FixedWindow(*rates, backend=backend, name=self.name, hash_tag=self._hash_tag)
 
     def __repr__(self) -> str:
         rates = ", ".join(map(str, self.rates))
@@ -183,8 +189,9 @@ class SlidingWindow(Limiter):
         breaker: Breaker | None = None,
         shadow: bool = False,
         pause: Pause | str | None = None,
+        hash_tag: Callable[[str], str] | None = None,
     ):
-        super().__init__(backend, name, count_denied, blockable)
+        super().__init__(backend, name, count_denied, blockable, hash_tag)
         self.rates = _plain_rates(rates, "SlidingWindow")
         self.buckets = check_int(buckets, "buckets")
         if buckets > MAX_BUCKETS:
@@ -199,7 +206,9 @@ class SlidingWindow(Limiter):
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
         rates = (Rate(share.scale(r.limit), r.window) for r in self.rates)
-        return SlidingWindow(*rates, buckets=self.buckets, backend=backend, name=self.name)
+        return SlidingWindow(
+            *rates, buckets=self.buckets, backend=backend, name=self.name, hash_tag=self._hash_tag
+        )
 
     def __repr__(self) -> str:
         rates = ", ".join(map(str, self.rates))
@@ -233,8 +242,9 @@ class TokenBucket(Limiter):
         breaker: Breaker | None = None,
         shadow: bool = False,
         pause: Pause | str | None = None,
+        hash_tag: Callable[[str], str] | None = None,
     ):
-        super().__init__(backend, name, count_denied, blockable)
+        super().__init__(backend, name, count_denied, blockable, hash_tag)
         if isinstance(rate, Quota):
             raise TypeError(_NO_QUOTA.format(kind="TokenBucket", quota=rate))
         if isinstance(rate, str) and len(parsed := parse_rates(rate)) > 1:
@@ -250,7 +260,8 @@ class TokenBucket(Limiter):
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
         rate = Rate(share.scale(self.rate.limit), self.rate.window)
-        return TokenBucket(rate, share.scale(self.burst), backend=backend, name=self.name)
+        burst = share.scale(self.burst)
+        return TokenBucket(rate, burst, backend=backend, name=self.name, hash_tag=self._hash_tag)
 
     @property
     def rates(self) -> tuple[Rate, ...]:

@@ -96,6 +96,7 @@ class Guard(Generic[R]):
         "pause",
         "send",
         "shadow",
+        "tag",
     )
 
     def __init__(
@@ -111,6 +112,7 @@ class Guard(Generic[R]):
         head: tuple[str, str | None] = ("", None),
         observed: tuple[str | None, str] | None = None,
         pause: Pause | None = None,
+        tag: Callable[[str], str | None] | None = None,
     ) -> None:
         if isinstance(options.on_unavailable, Fallback) != (fallback is not None):
             raise ValueError("a Fallback policy needs a fallback step, and only it")
@@ -119,6 +121,8 @@ class Guard(Generic[R]):
         self.shadow = options.shadow
         self.cache, self.backend, self.head, self.observed = cache, backend, head, observed
         self.pause = pause
+        #: key -> the hash tag of its keys and channel (a limiter's ``hash_tag``), or None
+        self.tag = tag
 
     def cached(self, key: str, cost: int, mode: int) -> Decision | None:
         """The hot path under attack, a plain method (no coroutine to pay for): the deny
@@ -235,9 +239,9 @@ class Guard(Generic[R]):
 
     def _watcher(self, cache: DenyCache) -> Callable[[str, Entry], asyncio.Task[None]]:
         backend = cache.backend  # the one the cache serves (``use``)
-        notifier, head = backend._notifier, backend._head(*self.head)
+        notifier, head, tag = backend._notifier, backend._head(*self.head), self.tag
         return lambda key, entry: _deny_cache.start_watch(
-            cache, notifier, _keys.rate_channel(head, key), key, entry
+            cache, notifier, _keys.rate_channel(head, key, tag and tag(key)), key, entry
         )
 
     async def _degraded(

@@ -62,6 +62,7 @@ class Limiter:
         "_blockable",
         "_fallback",
         "_guard",
+        "_hash_tag",
         "_head_id",
         "_hit_mode",
         "_max_cost",
@@ -85,6 +86,7 @@ class Limiter:
         name: str | None,
         count_denied: bool = False,
         blockable: bool = False,
+        hash_tag: Callable[[str], str] | None = None,
     ) -> None:
         if type(self) is Limiter:
             raise TypeError("Limiter is a base: use FixedWindow, SlidingWindow or TokenBucket")
@@ -96,6 +98,14 @@ class Limiter:
             raise TypeError(f"count_denied must be a bool, not {type(count_denied).__name__}")
         if not isinstance(blockable, bool):
             raise TypeError(f"blockable must be a bool, not {type(blockable).__name__}")
+        if hash_tag is not None and not callable(hash_tag):
+            raise TypeError(
+                f"hash_tag must be a function of the key (e.g. lambda key: key.split('/')[0]),"
+                f" not {type(hash_tag).__name__}"
+            )
+        #: key -> the Redis Cluster hash tag of all of the key's Redis keys (None: the key
+        #: itself): keys with one tag share a slot, and so one multi-key decision
+        self._hash_tag = hash_tag
         # Its hits read the key's block (one more key and GET per hit: opt-in, and a
         # one-rate hit stays a one-key script, served during a cluster slot migration).
         self._blockable = blockable
@@ -161,6 +171,7 @@ class Limiter:
             head=(self._kind, self.name),
             observed=(self.name, self._script.name),
             pause=honoured,
+            tag=self._tag,
         )
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
@@ -169,7 +180,9 @@ class Limiter:
 
     def _shown(self) -> str:
         """Its options in its repr, with their live state (nothing when all are off)."""
-        return "" if self._guard is None else self._guard.shown()
+        tag = self._hash_tag
+        shown = "" if tag is None else f" hash_tag={getattr(tag, '__qualname__', tag)}"
+        return shown if self._guard is None else shown + self._guard.shown()
 
     @property
     def breaker(self) -> Breaker | None:
@@ -180,9 +193,21 @@ class Limiter:
     def backend(self) -> Backend:
         return self._backend or get_backend()
 
+    def _tag(self, key: str) -> str | None:
+        """The hash tag ``hash_tag`` names for ``key`` (None: no ``hash_tag``), checked:
+        a non-empty str, or ``TypeError``/``ValueError`` before any I/O."""
+        if self._hash_tag is None:
+            return None
+        tag = self._hash_tag(key)
+        if type(tag) is not str or not tag:
+            check_key(tag, "hash_tag(key)")
+        return tag
+
     def _keys(self, backend: Backend, key: str) -> list[str]:
         """The key's counter per rate, then (``blockable``) its block."""
         head = backend._heads.get(self._head_id) or backend._head(self._kind, self.name)
+        if self._hash_tag is not None:
+            return self._tagged_keys(head, key)
         suffixes = self._suffixes
         if len(suffixes) == 1:  # one rate, the common case: no comprehension frame
             keys = [_keys.tagged(head, key, suffixes[0])]
@@ -190,6 +215,15 @@ class Limiter:
             keys = [_keys.tagged(head, key, suffix) for suffix in suffixes]
         if self._blockable:
             keys.append(_keys.block(head, key))
+        return keys
+
+    def _tagged_keys(self, head: str, key: str) -> list[str]:
+        """``_keys`` under the tag ``hash_tag`` names (``_keys.by_tag``)."""
+        tag = self._tag(key)
+        assert tag is not None
+        keys = [_keys.by_tag(head, tag, key, suffix) for suffix in self._suffixes]
+        if self._blockable:
+            keys.append(_keys.block(head, key, tag))
         return keys
 
     def _check_cost(self, cost: object, partial: bool = False) -> int:
@@ -289,7 +323,8 @@ class Limiter:
         block_us = to_us(check_seconds(seconds, "seconds"))
         backend = self._backend or get_backend()
         head = backend._heads.get(self._head_id) or backend._head(self._kind, self.name)
-        reply = await backend._run(_scripts.LIMITER_BLOCK, [_keys.block(head, key)], (block_us,))
+        block_key = _keys.block(head, key, self._tag(key))
+        reply = await backend._run(_scripts.LIMITER_BLOCK, [block_key], (block_us,))
         # No deny cache to tell: a block only adds denials, and those cached stay true.
         return from_us(reply[0])
 
@@ -314,7 +349,7 @@ class Limiter:
         if guard is not None:
             guard.forget(key)
         backend = self._backend or get_backend()
-        channel = _keys.rate_channel(backend._head(self._kind, self.name), key)
+        channel = _keys.rate_channel(backend._head(self._kind, self.name), key, self._tag(key))
         try:
             await backend._run(
                 _scripts.RATE_INVALIDATE,

@@ -54,6 +54,8 @@ class Reserving(Protocol):
 
     def _keys(self, backend: Backend, key: str) -> list[str]: ...
 
+    def _tag(self, key: str) -> str | None: ...
+
     def _send(self, key: str, cost: int, mode: int, *extra: int) -> Awaitable[Any]: ...
 
 
@@ -183,7 +185,7 @@ class Reservation(metaclass=NoPublicConstructor):
         backend = limiter._backend or get_backend()
         keys = limiter._keys(backend, self.key)[: len(limiter._suffixes)]
         head = backend._heads.get(limiter._head_id) or backend._head(limiter._kind, limiter.name)
-        keys.append(_keys.settlement(head, self.key, _keys.new_token()))
+        keys.append(_keys.settlement(head, self.key, _keys.new_token(), limiter._tag(self.key)))
         record_ms = to_ms(max(RECORD_MIN_SECONDS, RECORD_TIMEOUTS * backend.timeout))
         args = (give, self._at_us, record_ms, *limiter._refund_args)
         call = self._apply(backend, keys, args)

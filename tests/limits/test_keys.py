@@ -14,9 +14,12 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import given
+from hypothesis import strategies as st
 from redis.crc import key_slot
 
 import aioratelimit as arl
+from aioratelimit import _keys
 
 #: (limiter factory, longest TTL in ms any of its keys may carry)
 LIMITERS: dict[str, tuple[Callable[[arl.Backend], Any], int]] = {
@@ -167,3 +170,90 @@ async def test_sliding_window_key_with_10_buckets_is_at_most_200_bytes(
     assert fields >= 1 + 8  # the newest-bucket field and at least 8 buckets
     assert usage is not None
     assert usage <= 200, usage
+
+
+# -- hash_tag= ------------------------------------------------------------------------------
+
+#: Every suffix a limiter's keys and channels end with: rates (with buckets or a burst),
+#: the block and the deny caches' channel.
+SUFFIXES = [
+    _keys.rate_suffix(5, 60_000_000),
+    _keys.rate_suffix(3, 1_500, "/4"),
+    _keys.rate_suffix(2, 1_000_000, "/8"),
+    ":block",
+    ":inv",
+]
+#: user keys and tags: the awkward ones, and short ones over the layout's own characters
+#: (so that two draws often differ in one character only)
+PARTS = st.one_of(
+    st.sampled_from(AWKWARD_KEYS), st.text(alphabet="a{}%:/7B", min_size=1, max_size=4)
+)
+
+
+def test_tagged_keys_are_all_distinct_from_each_other_and_untagged_ones() -> None:
+    """Every (tag, key, suffix) over the awkward parts gives its own key, and none of them
+    is an untagged key of any awkward key and suffix."""
+    head = _keys.head("arl", "fw", None)
+    tagged = [
+        _keys.by_tag(head, tag, key, suffix)
+        for tag in AWKWARD_KEYS
+        for key in AWKWARD_KEYS
+        for suffix in SUFFIXES
+    ]
+    untagged = [_keys.tagged(head, key, suffix) for key in AWKWARD_KEYS for suffix in SUFFIXES]
+    assert len(set(tagged)) == len(tagged)
+    assert len(set(untagged)) == len(untagged)
+    assert not set(tagged) & set(untagged)
+
+
+@given(
+    tag=PARTS, key=PARTS, suffix=st.sampled_from(SUFFIXES),
+    other_tag=st.one_of(st.none(), PARTS), other_key=PARTS,
+    other_suffix=st.sampled_from(SUFFIXES),
+)  # fmt: skip
+def test_a_tagged_key_equals_no_other_key(
+    tag: str, key: str, suffix: str, other_tag: str | None, other_key: str, other_suffix: str
+) -> None:
+    """A key under a caller's tag (``hash_tag=``) never equals another tagged key (another
+    tag, key or suffix) nor any untagged key of the same limiter; its slot is the tag's."""
+    head = _keys.head("arl", "fw", "per-ip")
+    one = _keys.by_tag(head, tag, key, suffix)
+    if other_tag is None:
+        other = _keys.tagged(head, other_key, other_suffix)
+    else:
+        other = _keys.by_tag(head, other_tag, other_key, other_suffix)
+    same = (tag, key, suffix) == (other_tag, other_key, other_suffix)
+    assert (one == other) == same
+    assert _keys.hash_tag(one) == _keys.escape(tag)
+    assert key_slot(one.encode()) == key_slot(f"{{{_keys.escape(tag)}}}".encode())
+
+
+async def test_without_hash_tag_the_keys_are_as_they_were() -> None:
+    """A limiter made without ``hash_tag=`` keeps its keys' names exactly: its user key is
+    its tag; with it, the tag is the function's and the key follows in braces."""
+    backend = arl.Backend.from_url("memory://")
+    plain = arl.FixedWindow("5/minute", backend=backend, name="n", blockable=True)
+    assert plain._keys(backend, "u{1}") == [
+        "arl:fw:n:{u%7B1%7D}:5/60000",
+        "arl:fw:n:{u%7B1%7D}:block",
+    ]
+    tagged = arl.FixedWindow(
+        "5/minute", backend=backend, name="n", blockable=True, hash_tag=lambda k: k[:4]
+    )
+    assert tagged._keys(backend, "acme/u{1}") == [
+        "arl:fw:n:{acme}{acme/u%7B1%7D}:5/60000",
+        "arl:fw:n:{acme}{acme/u%7B1%7D}:block",
+    ]
+
+
+async def test_a_tagged_key_counts_the_same_alone_and_with_others(backend: arl.Backend) -> None:
+    """The counter a key's hits use alone is the one a multi-key decision uses."""
+    tag = f"t-{uuid.uuid4().hex[:8]}"
+    per_user = arl.SlidingWindow("3/hour", backend=backend, hash_tag=lambda k: tag)
+    per_ip = arl.SlidingWindow("9/hour", backend=backend, hash_tag=lambda k: tag, name="ip")
+    await per_user.hit("u1", 2)
+    assert (await arl.hit_all([(per_ip, "ip1"), (per_user, "u1")])).allowed
+    assert not (await per_user.peek("u1")).allowed
+    assert (await per_ip.peek("ip1", 8)).allowed
+    await per_user.reset("u1")
+    assert (await arl.hit_all([(per_ip, "ip1"), (per_user, "u1")], 3)).allowed

@@ -102,6 +102,7 @@ SERVER_CPU_ROWS = {
         "cluster: raw redis.asyncio RedisCluster",
     ],
     "bench_attack": ["plain `FixedWindow`, 64 task(s)"],
+    "bench_multikey": ["hit_all", "3 hits, chained"],
     "bench_settle": ["FixedWindow hit", "FixedWindow settle", "TokenBucket reserve + settle"],
     "bench_web": ["RateLimitMiddleware, Redis"],
 }

@@ -486,10 +486,42 @@ def token_buckets(user: str) -> list[Limiter]:
     ]
 
 
+def multi_key(script: str, limiters: Callable[[str], list[Limiter]]) -> list[Call]:
+    """``hit_all`` and ``peek_all`` over two user keys (each limiter's counters, then the
+    blocks), every mode, and the denied-counting ones on the first limiter's rates only
+    (``+ 8k``); a SlidingWindow pair shares its buckets (ARGV[3]), as the library asks;
+    token buckets also book (a waiter's ``max_wait_us``, which the scripts define for
+    several buckets though the library sends it for one)."""
+    calls = []
+    firsts, seconds = limiters(USERS[0]), limiters(USERS[1])
+    for (keys_a, na, args_a, _), (keys_b, nb, args_b, _) in product(firsts, seconds):
+        shared = 3 if script == "sliding_window" else 2  # cost, mode[, buckets]
+        if args_a[0][2:shared] != args_b[0][2:shared]:
+            continue
+        if args_a[0][1] != 1 or args_b[0][1] != 1:  # one of each limiter, its modes below
+            continue
+        keys = (*keys_a[:na], *keys_b[:nb], *keys_a[na:], *keys_b[nb:])
+        rates = (*args_a[0][shared:], *args_b[0][shared:])
+        if any(isinstance(v, str) for v in rates):  # a calendar quota: never in hit_all
+            continue
+        pairs = tuple((int(a), int(b)) for a, b in zip(rates[::2], rates[1::2], strict=True))
+        for mode in (*MODES, *(m + 8 * k for m in (1, 5) for k in range(1, na + 1))):
+            calls += [
+                Call(script, keys, (c, mode, *args_a[0][2:shared], *rates))
+                for c in costs(pairs, mode % 8)
+            ]
+        if script == "token_bucket":  # a booking over several buckets (max_wait_us)
+            calls += [
+                Call(script, keys, (c, 1, *rates, w)) for c in costs(pairs) for w in MAX_WAITS_US
+            ]
+    return calls
+
+
 def limiter_calls(script: str, limiters: Callable[[str], list[Limiter]]) -> st.SearchStrategy[Call]:
-    """Hits and peeks on the application's limiters (every mode), resets (DEL of one's
-    keys), blocks, refunds and settlements (with a record, sent again at times), and resets
-    and bare invalidations through ``rate_invalidate`` (told on its channel)."""
+    """Hits and peeks on the application's limiters (every mode), multi-key hits and peeks
+    of the windows (``multi_key``), resets (DEL of one's keys), blocks, refunds and
+    settlements (with a record, sent again at times), and resets and bare invalidations
+    through ``rate_invalidate`` (told on its channel)."""
     hits, resets, blocks, refunds, blocked, invalidations = [], [], [], [], [], []
     settles: list[Call] = []
     kind = {"fixed_window": "fw", "sliding_window": "sw", "token_bucket": "tb"}[script]
@@ -524,8 +556,10 @@ def limiter_calls(script: str, limiters: Callable[[str], list[Limiter]]) -> st.S
             ]
     # (A limiter's refunds do not depend on its mode: each call once.)
     refunds, settles = list(dict.fromkeys(refunds)), list(dict.fromkeys(settles))
+    multi = multi_key(script, limiters)
     return weighted(
         (hits, 8),
+        (multi, 4),
         (resets, 2),
         (blocks, 1),
         (refunds, 2),
@@ -1167,6 +1201,11 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     expect("sliding_window", sliding_keys("v{w}", 7, rates), (3, 2, 7, *rate_args(rates)))
     expect("sliding_window_refund", sliding_keys("v{w}", 7, rates), (1, 0, 0, 7, *rate_args(rates)))
     expect("rate_invalidate", sliding_keys("v{w}", 7, rates), (0, channel, "PUBLISH"))
+    # A multi-key decision: the denied-counting limiter's rates first, then the blocks.
+    counting = arl.FixedWindow(arl.Rate(1, 0.001), backend=backend, count_denied=True)
+    await arl.hit_all([(fixed, "u"), (counting, "v{w}")], 1)
+    keys = [*limiter_keys("fw", "v{w}", (R1,)), *fixed_keys("u", rates, True)]
+    expect("fixed_window", keys, (1, 1 + 8 * 1, *rate_args((R1, *rates))))
     bucket = arl.TokenBucket(limits[0], burst=2, backend=backend, blockable=True)
     await bucket.hit("u")
     await bucket.refund("u")

@@ -27,19 +27,29 @@ def _slot_names(slots: int) -> tuple[str, ...]:
 # -- lua/fixed_window.lua ------------------------------------------------------------------
 
 
-def _mode(arg: Arg) -> tuple[int, bool]:
-    """A limiter script's ARGV[2]: (0 peek / 1 hit / 2 hit counting denied, partial)."""
-    mode = int(arg)
-    return (mode - 4, True) if mode >= 4 else (mode, False)
+def _decode_mode(arg: Arg, nrates: int) -> tuple[int, bool, int]:
+    """``decode_mode`` of ``lua/rates_common.lua``: (0 peek / 1 hit / 2 hit counting denied,
+    partial, how many of the rates, the first ones, a denied hit is counted on)."""
+    counted, mode = divmod(int(arg), 8)
+    partial = mode >= 4
+    if partial:
+        mode -= 4
+    if mode == 2 or counted > nrates:
+        counted = nrates
+    if mode == 0:
+        counted = 0
+    return mode, partial, counted
 
 
-def _blocked(ks: Keyspace, keys: Sequence[str], nrates: int, now: int) -> int:
-    """Microseconds the key's block (``lua/limiter_block.lua``; the KEY after the rates',
-    if sent) still runs, else 0."""
-    if len(keys) <= nrates:
-        return 0
-    block = ks.get(keys[-1], now)
-    return int(block) - now if block is not None and int(block) > now else 0
+def _live_block(ks: Keyspace, keys: Sequence[str], nrates: int, now: int) -> tuple[int, int]:
+    """``live_block``: the live block after the rates' KEYS that runs longest, as
+    (microseconds it still runs, its 1-based index in KEYS), or (0, 0)."""
+    wait, at = 0, 0
+    for j in range(nrates, len(keys)):
+        block = ks.get(keys[j], now)
+        if block is not None and int(block) - now > wait:
+            wait, at = int(block) - now, j + 1
+    return wait, at
 
 
 _CALENDAR = re.compile(r"([0-9]+),([0-9]+),([0-9]+)")
@@ -63,14 +73,15 @@ def _window(arg: Arg, now: int) -> int | None:
 
 def fixed_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
     nrates = (len(args) - 2) // 2
-    wait = _blocked(ks, keys, nrates, now)
+    wait, at = _live_block(ks, keys, nrates, now)
     if wait:
         limit = min(int(args[2 * i]) for i in range(1, nrates + 1))
-        return [0, limit, 0, wait, wait, now, 0]
+        return [0, limit, 0, wait, wait, now, 0, at]
     cost = int(args[0])
-    mode, partial = _mode(args[1])
+    mode, partial, counted = _decode_mode(args[1], nrates)
     if nrates == 1 and not partial:
-        return _fixed_window_one(ks, keys[0], cost, mode, args, now)
+        # (one rate: counting a denied hit on its first rate is counting it on all)
+        return _fixed_window_one(ks, keys[0], cost, 2 if counted else mode, args, now)
     counts: list[int] = []
     ends: list[int] = []
     windows: list[int] = []
@@ -92,26 +103,26 @@ def fixed_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: in
     if partial:
         cost = max(1, min(cost, *(int(args[2 + 2 * i]) - counts[i] for i in range(nrates))))
     allowed = 1
-    best_limit, best_rem, best_reset, best_retry = 0, -1, 0, 0
+    best_limit, best_rem, best_reset, best_retry, best = 0, -1, 0, 0, 0
     for i in range(nrates):
         limit = int(args[2 + 2 * i])
         rem = limit - counts[i]
         reset = min(ends[i] - now, windows[i])
         if cost > rem:
             if allowed == 1 or reset > best_retry:
-                best_limit, best_rem, best_reset, best_retry = limit, rem, reset, reset
+                best_limit, best_rem, best_reset, best_retry, best = limit, rem, reset, reset, i + 1
             allowed = 0
         elif allowed == 1:
             rem -= cost
             if best_rem < 0 or rem < best_rem or (rem == best_rem and reset > best_reset):
-                best_limit, best_rem, best_reset = limit, rem, reset
-    if (allowed == 1 and mode >= 1) or (allowed == 0 and mode == 2):
-        for i, key in enumerate(keys[:nrates]):
-            if counts[i] == 0:
-                ks.set(key, cost, ceil_div(ends[i], 1000))
-            else:
-                ks.data[key] += cost
-    return [allowed, best_limit, best_rem, best_reset, best_retry, now, allowed * cost]
+                best_limit, best_rem, best_reset, best = limit, rem, reset, i + 1
+    writes = nrates if allowed == 1 and mode >= 1 else counted if allowed == 0 else 0
+    for i, key in enumerate(keys[:writes]):
+        if counts[i] == 0:
+            ks.set(key, cost, ceil_div(ends[i], 1000))
+        else:
+            ks.data[key] += cost
+    return [allowed, best_limit, best_rem, best_reset, best_retry, now, allowed * cost, best]
 
 
 def _fixed_window_one(
@@ -150,13 +161,13 @@ def _fixed_window_one(
     if cost > rem:
         if mode == 2 and not fresh:
             ks.data[key] = count + cost
-        return [0, limit, rem, reset, reset, now, 0]
+        return [0, limit, rem, reset, reset, now, 0, 1]
     if mode >= 1:
         if fresh:
             ks.set(key, cost, ceil_div(ends_at, 1000))
         else:
             ks.data[key] = count + cost
-    return [1, limit, rem - cost, reset, 0, now, cost]
+    return [1, limit, rem - cost, reset, 0, now, cost, 1]
 
 
 # -- lua/sliding_window.lua ----------------------------------------------------------------
@@ -164,12 +175,12 @@ def _fixed_window_one(
 
 def sliding_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
     nrates = (len(args) - 3) // 2
-    wait = _blocked(ks, keys, nrates, now)
+    wait, at = _live_block(ks, keys, nrates, now)
     if wait:
         limit = min(int(args[1 + 2 * i]) for i in range(1, nrates + 1))
-        return [0, limit, 0, wait, wait, now, 0]
+        return [0, limit, 0, wait, wait, now, 0, at]
     cost, n = int(args[0]), int(args[2])
-    mode, partial = _mode(args[1])
+    mode, partial, counted = _decode_mode(args[1], nrates)
     slots = n + 1
     slot = _slot_names(slots)
     size: list[int] = []
@@ -204,7 +215,7 @@ def sliding_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: 
     if partial:
         cost = max(1, min(cost, *(int(args[3 + 2 * i]) - totals[i] for i in range(nrates))))
     allowed = 1
-    best_limit, best_rem, best_reset, best_retry = 0, -1, 0, 0
+    best_limit, best_rem, best_reset, best_retry, best = 0, -1, 0, 0, 0
     for i in range(nrates):
         limit = int(args[3 + 2 * i])
         b, c, counts, total = size[i], current[i], rings[i], totals[i]
@@ -221,15 +232,16 @@ def sliding_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: 
                 top -= 1
             reset = (c + top + 1) * b - now
             if allowed == 1 or retry > best_retry:
-                best_limit, best_rem, best_reset, best_retry = limit, rem, reset, retry
+                best_limit, best_rem, best_reset, best_retry, best = limit, rem, reset, retry, i + 1
             allowed = 0
         elif allowed == 1:
             rem -= cost
             reset = (c + n + 1) * b - now
             if best_rem < 0 or rem < best_rem or (rem == best_rem and reset > best_reset):
-                best_limit, best_rem, best_reset = limit, rem, reset
-    if (allowed == 1 and mode >= 1) or (allowed == 0 and mode == 2):
-        for i, key in enumerate(keys[:nrates]):
+                best_limit, best_rem, best_reset, best = limit, rem, reset, i + 1
+    writes = nrates if allowed == 1 and mode >= 1 else counted if allowed == 0 else 0
+    if writes:
+        for i, key in enumerate(keys[:writes]):
             c, last = current[i], newest[i]
             field = slot[c % slots]
             ring: dict[str, int] | None = ks.get(key, now)
@@ -245,20 +257,31 @@ def sliding_window(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: 
             ring[field] = cost
             ring["c"] = c
             ks.pexpireat(key, ceil_div((c + n + 1) * size[i], 1000))
-    return [allowed, best_limit, best_rem, best_reset, best_retry, now, allowed * cost]
+    return [allowed, best_limit, best_rem, best_reset, best_retry, now, allowed * cost, best]
 
 
 # -- lua/token_bucket.lua ------------------------------------------------------------------
 
 
 def token_bucket(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
+    nkeys = (len(args) - 2) // 2
+    counted, mode = divmod(int(args[1]), 8)
+    partial = mode >= 4
+    if partial:
+        mode -= 4
+    if mode == 1 and counted >= nkeys:
+        mode = 2
+    if mode != 1:
+        counted = nkeys if mode == 2 else 0
     burst, interval = int(args[2]), int(args[3])
-    wait = _blocked(ks, keys, 1, now)
+    wait, at = _live_block(ks, keys, nkeys, now)
     if wait:
-        return [0, burst, 0, wait, wait, now, 0]
+        burst = min(int(args[2 * i]) for i in range(1, nkeys + 1))
+        return [0, burst, 0, wait, wait, now, 0, at]
     cost = int(args[0])
-    mode, partial = _mode(args[1])
-    max_wait = int(args[4]) if len(args) > 4 else 0
+    max_wait = int(args[2 + 2 * nkeys]) if len(args) > 2 + 2 * nkeys else 0
+    if nkeys > 1:
+        return _token_buckets(ks, keys, args, now, cost, mode, partial, counted, max_wait)
     tat = ks.get(keys[0], now) or 0
     if tat < now:
         tat = now
@@ -270,15 +293,66 @@ def token_bucket(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: in
         retry = new_tat - capacity - now
         if mode == 1 and retry <= max_wait:
             ks.set(keys[0], new_tat, ceil_div(new_tat, 1000))
-            return [1, burst, 0, capacity, retry, now, cost]
+            return [1, burst, 0, capacity, retry, now, cost, 1]
         if mode == 2:
             pushed = min(new_tat, now + 2 * capacity)
             if pushed > tat:
                 ks.set(keys[0], pushed, ceil_div(pushed, 1000))
-        return [0, burst, (capacity - (tat - now)) // interval, tat - now, retry, now, 0]
+        return [0, burst, (capacity - (tat - now)) // interval, tat - now, retry, now, 0, 1]
     if mode >= 1:
         ks.set(keys[0], new_tat, ceil_div(new_tat, 1000))
-    return [1, burst, (capacity - (new_tat - now)) // interval, new_tat - now, 0, now, cost]
+    return [1, burst, (capacity - (new_tat - now)) // interval, new_tat - now, 0, now, cost, 1]
+
+
+def _token_buckets(
+    ks: Keyspace,
+    keys: Sequence[str],
+    args: Sequence[Arg],
+    now: int,
+    cost: int,
+    mode: int,
+    partial: bool,
+    counted: int,
+    max_wait: int,
+) -> Reply:
+    """``token_bucket`` over several buckets, all or nothing (a multi-key decision)."""
+    nkeys = (len(args) - 2) // 2
+    sizes = [int(args[2 + 2 * i]) for i in range(nkeys)]
+    steps = [int(args[3 + 2 * i]) for i in range(nkeys)]
+    tats = [max(ks.get(key, now) or 0, now) for key in keys[:nkeys]]
+    caps = [size * step for size, step in zip(sizes, steps, strict=True)]
+    if partial:
+        for tat, cap, step in zip(tats, caps, steps, strict=True):
+            cost = min(cost, (cap - (tat - now)) // step)
+    cost = max(cost, 1)
+    news = [tat + cost * step for tat, step in zip(tats, steps, strict=True)]
+    allowed, best, best_rem, best_reset, best_retry = 1, 0, -1, 0, 0
+    for i in range(nkeys):
+        if news[i] - now > caps[i]:
+            retry = news[i] - caps[i] - now
+            if allowed == 1 or retry > best_retry:
+                best, best_retry = i, retry
+            allowed = 0
+        elif allowed == 1:
+            rem, reset = (caps[i] - (news[i] - now)) // steps[i], news[i] - now
+            if best_rem < 0 or rem < best_rem or (rem == best_rem and reset > best_reset):
+                best, best_rem, best_reset = i, rem, reset
+    if allowed == 0:
+        if mode == 1 and best_retry <= max_wait:
+            for key, new in zip(keys, news, strict=False):
+                ks.set(key, new, ceil_div(new, 1000))
+            return [1, sizes[best], 0, caps[best], best_retry, now, cost, best + 1]
+        for i in range(counted):
+            pushed = min(news[i], now + 2 * caps[i])
+            if pushed > tats[i]:
+                ks.set(keys[i], pushed, ceil_div(pushed, 1000))
+        tat = tats[best]
+        remaining = (caps[best] - (tat - now)) // steps[best]
+        return [0, sizes[best], remaining, tat - now, best_retry, now, 0, best + 1]
+    if mode >= 1:
+        for key, new in zip(keys, news, strict=False):
+            ks.set(key, new, ceil_div(new, 1000))
+    return [1, sizes[best], best_rem, best_reset, 0, now, cost, best + 1]
 
 
 # -- lua/delete.lua ------------------------------------------------------------------------
