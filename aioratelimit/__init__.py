@@ -27,6 +27,8 @@ from ._idempotency.tokens import consume_token, consumes_token, issue_token
 from ._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
 from ._limits.failure import Breaker, BreakerListener, Fallback, OnUnavailable
 from ._limits.limiter import Admission, Limiter
+from ._locks.every import every
+from ._locks.leader import Leader, Term, leader
 from ._locks.lease import Hold, Lease
 from ._locks.lock import Lock, Semaphore, lock, semaphore
 from ._observe import Recorder, set_recorder
@@ -48,6 +50,7 @@ __all__ = [
     "Hold",
     "IdempotencyInProgress",
     "IdempotencyKeyMismatch",
+    "Leader",
     "Lease",
     "Limiter",
     "Lock",
@@ -66,15 +69,18 @@ __all__ = [
     "Semaphore",
     "Serializer",
     "SlidingWindow",
+    "Term",
     "TokenBucket",
     "TokenRejected",
     "__version__",
     "configure",
     "consume_token",
     "consumes_token",
+    "every",
     "get_backend",
     "idempotent",
     "issue_token",
+    "leader",
     "lock",
     "semaphore",
     "set_recorder",
