@@ -199,9 +199,10 @@ class Leader(metaclass=NoPublicConstructor):
     async def wait_change(
         self, seen: Term | Literal["current"] | None = "current", *, timeout: float | None = None
     ) -> Term | None:
-        """Wait until the leader is another than ``seen`` (a term read before, or None: no
-        leader; ``"current"``, the default: whoever leads when called) and return who leads then (None:
-        nobody, the term resigned or ran out). ``timeout``: seconds, then ``TimeoutError``.
+        """Wait until the leader is another than ``seen`` (a term read before; None: no
+        leader; ``"current"``, the default: whoever leads when called) and return who leads
+        then (None: nobody, the term resigned or ran out). ``timeout``: seconds, then
+        ``TimeoutError``.
 
         Woken by the change itself (a new term and a resignation tell the name's channel);
         a term that runs out tells nobody, so it also reads again when the term it saw
