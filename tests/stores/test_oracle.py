@@ -214,6 +214,14 @@ def semaphore_names(name: str) -> tuple[str, str, str]:
     return _keys.semaphore(head(_keys.SEMAPHORE_KIND), name)
 
 
+def leader_names(name: str) -> tuple[str, str]:
+    return _keys.leader(head(_keys.LEADER_KIND), name)
+
+
+def every_key(name: str) -> str:
+    return _keys.every(head(_keys.EVERY_KIND), name)
+
+
 def token_key(digest: str) -> str:
     return _keys.token(head(_keys.TOKEN_KIND), digest)
 
@@ -257,6 +265,7 @@ State = tuple[bytes, Any, int] | None
 #: the type of every key a script writes, by the kind in its name (``oracle:<kind>:...``)
 TYPES = {"fw": b"string", "tb": b"string", "sw": b"hash", "lock": b"string", "tok": b"string"}
 TYPES.update({"idem": b"hash", "sem": b"zset", "sem-fence": b"hash", "doctor": b"string"})
+TYPES.update({"leader": b"string", "every": b"string"})
 
 
 def key_type(key: str) -> bytes:
@@ -472,6 +481,30 @@ def lock_calls() -> st.SearchStrategy[Call]:
             extend.append(Call("lock_extend", (key,), (token, ms)))
             release += [Call("lock_release", (key,), (token, ms, channel, p)) for p in PUBLISH]
     return weighted((acquire, 3), (release, 2), (extend, 2), (locked, 1))
+
+
+#: identities a leader publishes: none, plain, with the ':' the term's value also uses
+WHO = ("", "host-1:4242", "zz")
+#: every_claim's intervals (µs, >= 1000): about the millisecond, and a long one
+INTERVALS_US = (1_000, 2_500, 1_000_003, 30_000_000)
+
+
+def leader_calls() -> st.SearchStrategy[Call]:
+    """Claims by candidates of several identities (and the same claim sent again), the
+    lock scripts' renewals and resignations of a term, reads, and interval claims."""
+    claim, renew, resign, state = [], [], [], []
+    for name in LOCK_NAMES:
+        key, channel = leader_names(name)
+        state.append(Call("leader_state", (key,), ()))
+        for token, ms in product(TOKENS, TTLS_MS):
+            claim += [
+                Call("leader_claim", (key,), (token, ms, who, channel, p))
+                for who, p in product(WHO, PUBLISH)
+            ]
+            renew.append(Call("lock_extend", (key,), (token, ms)))
+            resign.append(Call("lock_release", (key,), (token, ms, channel, "PUBLISH")))
+        state += [Call("every_claim", (every_key(name),), (us,)) for us in INTERVALS_US]
+    return weighted((claim, 3), (resign, 2), (renew, 2), (state, 2))
 
 
 def semaphore_calls() -> st.SearchStrategy[Call]:
@@ -771,6 +804,24 @@ class Locks(Oracle):
         self.call(call)
 
 
+class Leaders(Oracle):
+    """Leader terms claimed, renewed and resigned (by the lock scripts), read, and the
+    interval claims of ``every``."""
+
+    branches: ClassVar[dict[str, set[int]]] = {
+        "leader_claim": {0, 1},
+        "lock_extend": {0, 1},
+        "lock_release": {-1, 0, 1, 2},
+        "leader_state": {0, 1},
+        "every_claim": {0, 1},
+    }
+
+    @rule(move=MOVES, call=leader_calls())
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
 class Semaphores(Oracle):
     """Semaphore acquisitions, releases, extensions and ``holders``."""
 
@@ -835,6 +886,7 @@ MACHINES = [
     SlidingWindows,
     TokenBuckets,
     Locks,
+    Leaders,
     Semaphores,
     OneShotTokens,
     Idempotency,
