@@ -23,6 +23,9 @@
 --                      no TTL), the longest a follower needs to sleep.
 local token = ARGV[1]
 local ttl = tonumber(ARGV[2])
+local who = ARGV[3]
+local channel = ARGV[4]
+local publish = ARGV[5]
 
 local last = 0
 local held = redis.call('GET', KEYS[1])
@@ -45,6 +48,6 @@ local epoch = tonumber(t[1]) * 1000000 + tonumber(t[2])
 if epoch <= last then epoch = last + 1 end
 epoch = string.format('%.0f', epoch)
 
-redis.call('SET', KEYS[1], token .. ':' .. epoch .. ':' .. ARGV[3], 'PX', ttl)
-redis.call(ARGV[5], ARGV[4], epoch)
+redis.call('SET', KEYS[1], token .. ':' .. epoch .. ':' .. who, 'PX', ttl)
+redis.call(publish, channel, epoch)
 return {1, tonumber(epoch)}
