@@ -66,7 +66,8 @@ async def follow(backend: arl.Backend, name: str, entered: asyncio.Event) -> Non
 async def asleep(backend: arl.Backend) -> None:
     """Until the follower sleeps on its subscription (it tried, was refused, subscribed)."""
     subs = backend._notifier._subs
-    while not any(sub._waiter is not None for each in subs.values() for sub in each):
+    # (the notifier sets no event when a waiter falls asleep: its state is read every ms)
+    while not any(sub._waiter is not None for each in subs.values() for sub in each):  # noqa: ASYNC110
         await asyncio.sleep(0.001)
 
 
@@ -119,9 +120,7 @@ async def main(lab: h.Lab) -> None:
     program.write_text(CHILD, encoding="utf-8")
     conditions = {
         "leaving the block (in process)": lambda: in_process(lab.url),
-        "SIGTERM, resigned by the app": lambda: across_processes(
-            lab.url, program, signal.SIGTERM
-        ),
+        "SIGTERM, resigned by the app": lambda: across_processes(lab.url, program, signal.SIGTERM),
         "SIGKILL, the term runs out": lambda: across_processes(lab.url, program, signal.SIGKILL),
     }
     names = list(conditions)
