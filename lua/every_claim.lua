@@ -5,7 +5,7 @@
 -- crashes mid-job loses that slot's run, and the next slot is claimed afresh.
 --
 -- KEYS[1]  the job (string: the number of the last slot claimed)
--- ARGV[1]  interval_us  the interval, microseconds (integer >= 1000)
+-- ARGV[1]  interval_us  the interval, microseconds (integer >= 10000)
 --
 -- Reply: {1, slot, left_us}  claimed: run the job; left_us is what is left of the slot
 --        {0, slot, left_us}  claimed already in this slot: wait left_us for the next one

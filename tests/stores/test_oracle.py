@@ -38,6 +38,7 @@ with no patch at all.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import re
@@ -66,6 +67,7 @@ from aioratelimit import _keys
 from aioratelimit._cli import admin as _admin
 from aioratelimit._idempotency.store import Claimed, IdempotencyStore, _fingerprint
 from aioratelimit._idempotency.tokens import _subject
+from aioratelimit._locks import leader as _leader
 from aioratelimit._scripts import HELPERS, SCRIPTS, Arg, Reply, Script
 from aioratelimit._stores.memory.keyspace import Keyspace, expired
 from aioratelimit._stores.memory.locks import PRUNE_MAX
@@ -485,8 +487,9 @@ def lock_calls() -> st.SearchStrategy[Call]:
 
 #: identities a leader publishes: none, plain, with the ':' the term's value also uses
 WHO = ("", "host-1:4242", "zz")
-#: every_claim's intervals (µs, >= 1000): about the millisecond, and a long one
-INTERVALS_US = (1_000, 2_500, 1_000_003, 30_000_000)
+#: every_claim's intervals (µs, >= 10 ms: ``every.MIN_INTERVAL``): short ones, a second
+#: and a bit, and a long one
+INTERVALS_US = (10_000, 25_003, 1_000_003, 30_000_000)
 
 
 def leader_calls() -> st.SearchStrategy[Call]:
@@ -1162,6 +1165,28 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     expect("semaphore_release", [holders, fences], (token, 2, channel, "PUBLISH"))
     await _admin.semaphore_state(sem)
     expect("semaphore_list", [holders, fences], ())
+
+    candidate = _leader.Candidate("L1", 0.005, backend, WHO[1])  # (``arl.leader``'s)
+    lease = await candidate.acquire(timeout=0)
+    token = str(calls[-1][2][0])
+    await lease.extend()
+    election = arl.leader("L1", backend=backend)
+    await election.current()
+    await lease.release()
+    await _admin.leader_state(election)
+    key, channel = leader_names("L1")
+    expect("leader_claim", [key], (token, 5, WHO[1], channel, "PUBLISH"))
+    expect("lock_extend", [key], (token, 5))
+    expect("leader_state", [key], ())
+    expect("lock_release", [key], (token, 5, channel, "PUBLISH"))
+    expect("leader_state", [key], ())
+
+    async def stop(slot: int) -> None:
+        raise asyncio.CancelledError  # (ends ``every`` after its first run)
+
+    with contextlib.suppress(asyncio.CancelledError):
+        await arl.every(0.01, "L1", stop, backend=backend)
+    expect("every_claim", [every_key("L1")], (INTERVALS_US[0],))
 
     one_shot = await arl.issue_token(ttl=0.0025, subject="alice", backend=backend)
     await arl.consume_token(one_shot, "bob", backend=backend)
