@@ -214,6 +214,18 @@ async def test_wait_change_sees_a_term_that_runs_out(backend: arl.Backend, key: 
     assert await watcher.wait_change(seen, timeout=30) is None
 
 
+async def test_repr_shows_whether_it_leads(backend: arl.Backend, key: str) -> None:
+    """The election's repr says following, or leading with the term's epoch."""
+    election = arl.leader(key, ttl=30, backend=backend)
+    assert repr(election) == f"<Leader {key!r} ttl=30.0 following>"
+    assert election.term is None
+    async with election as term:
+        assert repr(election) == f"<Leader {key!r} ttl=30.0 leading epoch={term.epoch}>"
+        assert election.term == term
+    assert election.term is None
+    assert "following" in repr(election)
+
+
 async def test_wait_change_times_out(backend: arl.Backend, key: str) -> None:
     """Nobody leads and nobody comes: ``timeout`` ends the wait."""
     with pytest.raises(TimeoutError):
