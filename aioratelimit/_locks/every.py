@@ -64,15 +64,19 @@ async def every(
         raise TypeError(f"backend must be a Backend, not {type(backend).__name__}")
     interval_us = to_us(interval)
     spread = min(interval * SPREAD, MAX_SPREAD)
+    failing = False  # (an outage is logged once at WARNING, its retries at DEBUG)
     while True:
         chosen = backend or get_backend()
         key = _keys.every(chosen._head(_keys.EVERY_KIND), name)
         try:
             reply = await chosen._run(_scripts.EVERY_CLAIM, [key], (interval_us,))
         except AioRateLimitError as exc:
-            log.warning("aioratelimit: every %r could not claim an interval: %r", name, exc)
+            level = logging.DEBUG if failing else logging.WARNING
+            log.log(level, "aioratelimit: every %r could not claim an interval: %r", name, exc)
+            failing = True
             await asyncio.sleep(RETRY)
             continue
+        failing = False
         claimed, slot, left_us = int(reply[0]), int(reply[1]), int(reply[2])
         if claimed == 1:
             try:

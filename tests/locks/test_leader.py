@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 import pytest
@@ -323,6 +324,35 @@ async def test_a_failing_job_does_not_stop_the_runner(backend: arl.Backend, key:
         with contextlib.suppress(asyncio.CancelledError):
             await runner
     assert runs[1] > runs[0]
+
+
+async def test_every_rides_out_an_outage_logging_it_once(
+    key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store that refuses the claim (here memory:// full: one key, taken) is tried
+    again every ``RETRY`` s; the outage is one WARNING, its retries DEBUG; no job runs."""
+    runs: list[int] = []
+
+    async def job(slot: int) -> None:
+        runs.append(slot)
+
+    caplog.set_level(logging.DEBUG, logger="aioratelimit")
+    async with arl.Backend.from_url("memory://?max_keys=1") as full:
+        await arl.FixedWindow("1/minute", backend=full).hit(key)  # the one key
+        runner = asyncio.create_task(arl.every(1, key, job, backend=full))
+        try:
+            await until(
+                lambda: sum("could not claim" in r.message for r in caplog.records) >= 3,
+                what="three failed claims",
+            )
+        finally:
+            runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner
+    failed = [r.levelno for r in caplog.records if "could not claim" in r.message]
+    assert failed[0] == logging.WARNING
+    assert set(failed[1:]) == {logging.DEBUG}
+    assert runs == []
 
 
 def test_the_vocabulary_of_events() -> None:
