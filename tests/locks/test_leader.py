@@ -193,6 +193,7 @@ async def test_wait_change_and_watch_see_every_term(backend: arl.Backend, key: s
         assert got is not None
         assert (got.epoch, got.identity) == (term.epoch, "boss")
         assert 0 < got.ttl <= 30
+        await until(lambda: len(seen) == 2, what="the watch saw the term")
         gone = asyncio.create_task(watcher.wait_change(got))
         await asleep(backend, count=2, waiter=gone)
     assert await gone is None
