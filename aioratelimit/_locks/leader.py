@@ -161,9 +161,13 @@ class Leader(metaclass=NoPublicConstructor):
     async def __aenter__(self) -> Term:
         if self._hold is not None:
             raise RuntimeError(f"{self!r} is already entered")
-        hold = Hold._create(self._candidate, self._timeout, True)
-        lease = await hold.__aenter__()
-        self._hold = hold
+        # Taken before the wait: a second entry meanwhile is refused, not run beside it.
+        hold = self._hold = Hold._create(self._candidate, self._timeout, True)
+        try:
+            lease = await hold.__aenter__()
+        except BaseException:
+            self._hold = None
+            raise
         term = self._term = Term(self.name, lease.fencing_token, self.identity, lease.ttl)
         _observe.leader(self.name, _observe.ELECTED)
         return term

@@ -228,6 +228,22 @@ async def test_repr_shows_whether_it_leads(backend: arl.Backend, key: str) -> No
     assert "following" in repr(election)
 
 
+async def test_an_election_is_entered_once_at_a_time(backend: arl.Backend, key: str) -> None:
+    """One ``Leader`` entered twice at once: the second entry is refused at once, even
+    while the first still waits to lead; once that wait ends, it may be entered again."""
+    async with arl.leader(key, ttl=30, backend=backend):
+        election = arl.leader(key, ttl=30, backend=backend)
+        waiting = asyncio.create_task(election.__aenter__())
+        await asleep(backend, waiter=waiting)  # it waits to lead
+        with pytest.raises(RuntimeError, match="already entered"):
+            await election.__aenter__()
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+    async with election as term:
+        assert election.term == term
+
+
 async def test_wait_change_times_out(backend: arl.Backend, key: str) -> None:
     """Nobody leads and nobody comes: ``timeout`` ends the wait."""
     with pytest.raises(TimeoutError):
