@@ -31,6 +31,8 @@ from ._limits.limiter import Admission, Limiter
 from ._limits.multi import AllAdmission, acquire_all, admit_all, hit_all, peek_all
 from ._limits.pause import Pause
 from ._limits.reservation import Reservation
+from ._locks.every import every
+from ._locks.leader import Leader, Term, leader
 from ._locks.lease import Hold, Lease
 from ._locks.lock import Lock, Semaphore, lock, semaphore
 from ._observe import Recorder, set_recorder
@@ -55,6 +57,7 @@ __all__ = [
     "Hold",
     "IdempotencyInProgress",
     "IdempotencyKeyMismatch",
+    "Leader",
     "Lease",
     "Limiter",
     "Lock",
@@ -76,6 +79,7 @@ __all__ = [
     "Semaphore",
     "Serializer",
     "SlidingWindow",
+    "Term",
     "TokenBucket",
     "TokenRejected",
     "__version__",
@@ -84,10 +88,12 @@ __all__ = [
     "configure",
     "consume_token",
     "consumes_token",
+    "every",
     "get_backend",
     "hit_all",
     "idempotent",
     "issue_token",
+    "leader",
     "lock",
     "parse_rates",
     "peek_all",

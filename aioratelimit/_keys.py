@@ -140,6 +140,8 @@ TOKEN_KIND = "tok"
 IDEMPOTENCY_KIND = "idem"
 LOCK_KIND = "lock"
 SEMAPHORE_KIND = "sem"
+LEADER_KIND = "leader"
+EVERY_KIND = "every"
 PAUSE_KIND = "pause"
 
 
@@ -168,6 +170,17 @@ def lock(lock_head: str, name: str) -> tuple[str, str]:
 def semaphore(sem_head: str, name: str) -> tuple[str, str, str]:
     """A semaphore's holders (ZSET), its fences (HASH) and its wake-up channel (one tag)."""
     return tagged(sem_head, name), tagged(sem_head, name, ":fence"), tagged(sem_head, name, ":wake")
+
+
+def leader(leader_head: str, name: str) -> tuple[str, str]:
+    """A leader election's term (its value keeps the last epoch and leader) and the channel
+    its followers and watchers listen on (one tag)."""
+    return tagged(leader_head, name), tagged(leader_head, name, ":wake")
+
+
+def every(every_head: str, name: str) -> str:
+    """A fleet-wide interval job's record of the last interval claimed (``arl.every``)."""
+    return tagged(every_head, name)
 
 
 # -- the deployment's secret ---------------------------------------------------------------

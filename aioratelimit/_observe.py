@@ -53,6 +53,11 @@ RENEWAL_RESULTS = (RENEWED, REFUSED, FAILED)
 FIRST_RUN, REPLAY, IN_PROGRESS, MISMATCH = "first_run", "replay", "in_progress", "mismatch"
 OUTCOMES = (FIRST_RUN, REPLAY, IN_PROGRESS, MISMATCH)
 
+#: What happened to a leader's term in this process (``aioratelimit.leader.event``): it
+#: began leading, resigned (left its block), or lost the term under its block.
+ELECTED, RESIGNED, LOST = "elected", "resigned", "lost"
+LEADER_EVENTS = (ELECTED, RESIGNED, LOST)
+
 #: A circuit breaker's states (``aioratelimit.breaker.state``).
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 BREAKER_STATES = (CLOSED, OPEN, HALF_OPEN)
@@ -85,6 +90,11 @@ class Recorder:
 
     def lost(self, kind: str) -> None:
         """A lease lost under its ``async with`` block (``LockLost``)."""
+
+    def leader(self, name: str, event: str) -> None:
+        """This process began or ended a term of the leader election ``name`` (the name
+        the application gave ``arl.leader``, a role: never a user's key), by ``event``
+        (``LEADER_EVENTS``)."""
 
     def claim(self, name: str | None, outcome: str) -> None:
         """One claim of an idempotency key (``name``: the store's or decorator's ``name=``,
@@ -223,6 +233,11 @@ def claimed(name: str | None, code: int) -> None:
 def renewal(kind: str, result: str) -> None:
     if recorder is not None:
         recorder.renewal(kind, result)
+
+
+def leader(name: str, event: str) -> None:
+    if recorder is not None:
+        recorder.leader(name, event)
 
 
 def lost(kind: str) -> None:

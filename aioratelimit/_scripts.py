@@ -206,6 +206,12 @@ class Released(IntEnum):
 
 LOCK_EXTEND = _load("lock_extend")  # 1 extended, 0 not held by the token
 LOCK_LOCKED = _load("lock_locked")  # 1 held, 0 free
+#: Leader election: ``{1, epoch}`` leads, ``{0, wait_ms}`` another leads (a term is renewed
+#: by ``LOCK_EXTEND`` and resigned by ``LOCK_RELEASE``, which read only its token).
+LEADER_CLAIM = _load("leader_claim")
+LEADER_STATE = _load("leader_state")  # {leads 1/0, epoch, pttl_ms, who}; reads only
+#: ``{1, slot, left_us}`` this interval is claimed, ``{0, slot, left_us}`` claimed before
+EVERY_CLAIM = _load("every_claim")
 SEMAPHORE_ACQUIRE = _load("semaphore_acquire", after="semaphore_common")
 SEMAPHORE_RELEASE = _load("semaphore_release", after="semaphore_common", repeatable=True)
 SEMAPHORE_EXTEND = _load("semaphore_extend", after="semaphore_common")

@@ -61,6 +61,8 @@ OUTCOME = "aioratelimit.idempotency.outcome"
 REASON = "aioratelimit.backend.reason"
 SCRIPT = "aioratelimit.script"
 BREAKER_STATE = "aioratelimit.breaker.state"
+LEADER_NAME = "aioratelimit.leader.name"
+LEADER_EVENT = "aioratelimit.leader.event"
 #: ``db.system`` of a memory:// call (no such database in the conventions: ours).
 MEMORY_SYSTEM = "aioratelimit.memory"
 
@@ -120,6 +122,16 @@ class _Instruments(_observe.Recorder):
             unit="{error}",
             description="Calls to the backend that failed, by error type and reason.",
         )
+        self.leader_changes = meter.create_counter(
+            "aioratelimit.leader.changes",
+            unit="{term}",
+            description="Terms this process began or ended, by leader name and event.",
+        )
+        self.leading = meter.create_up_down_counter(
+            "aioratelimit.leader.leading",
+            unit="{term}",
+            description="1 while this process leads the name, 0 otherwise.",
+        )
         self.breaker_state = meter.create_gauge(
             "aioratelimit.breaker.state",
             unit="1",
@@ -164,6 +176,10 @@ class _Instruments(_observe.Recorder):
 
     def lost(self, kind: str) -> None:
         self.lost_leases.add(1, {LOCK_KIND: kind})
+
+    def leader(self, name: str, event: str) -> None:
+        self.leader_changes.add(1, {LEADER_NAME: name, LEADER_EVENT: event})
+        self.leading.add(1 if event == _observe.ELECTED else -1, {LEADER_NAME: name})
 
     def claim(self, name: str | None, outcome: str) -> None:
         attributes = {OUTCOME: outcome}

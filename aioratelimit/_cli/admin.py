@@ -16,6 +16,7 @@ from .._args import check_key, from_us
 from .._backend import Backend
 from .._idempotency.store import IdempotencyStore
 from .._limits.limiter import Limiter
+from .._locks.leader import Leader
 from .._locks.lock import Lock, Semaphore
 from .._scripts import IdemState
 
@@ -60,6 +61,26 @@ async def lock_state(lock: Lock) -> LockState:
     )
     holder = Holder(int(fence), _ttl(int(pttl))) if held == 1 else None
     return LockState(holder, int(fence))
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderState:
+    """A leader election now: whether someone leads, the epoch and identity of its leader
+    (or of the last one, after a resignation: 0 and b"" when none is on record), and how
+    long the term (or that record) still lasts (None: no TTL)."""
+
+    leads: bool
+    epoch: int
+    identity: bytes
+    ttl: float | None
+
+
+async def leader_state(leader: Leader) -> LeaderState:
+    """Who leads ``leader`` now, or led it last (``leader_state``: reads only)."""
+    backend, names = leader._backend()
+    leads, epoch, pttl, who = await backend._run(_scripts.LEADER_STATE, names.owner_keys, ())
+    identity = who if isinstance(who, bytes) else str(who).encode()
+    return LeaderState(leads == 1, int(epoch), identity, _ttl(int(pttl)))
 
 
 async def semaphore_state(sem: Semaphore) -> list[Holder]:

@@ -1,7 +1,8 @@
 """The ``aioratelimit`` command: operate a deployment from a shell.
 
 ``demo``     the limiters at work
-``inspect``  a key under a limiter spec, a lock, a semaphore, an idempotency key, a pause
+``inspect``  a key under a limiter spec, a lock, a leader, a semaphore, an idempotency key,
+             a pause
 ``reset``    forget a key; free a lock whose holder crashed (``--force``)
 ``doctor``   is this deployment ready: version, mode, scripts, clock, latency
 ``bench``    ours against the raw redis-py floor, sequential and concurrent
@@ -89,6 +90,12 @@ def _parser() -> argparse.ArgumentParser:
     lock = what.add_parser("lock", parents=[common], help="a lock's holder, fence and TTL")
     lock.add_argument("name")
     lock.set_defaults(run=_cli_state.inspect_lock, needs_url=True)
+    chosen = what.add_parser(
+        "leader", parents=[common], help="who leads an election: identity, epoch, TTL"
+    )
+    chosen.add_argument("name")
+    chosen.add_argument("--watch", action="store_true", help="print each change of leader")
+    chosen.set_defaults(run=_cli_state.inspect_leader, needs_url=True)
     sem = what.add_parser("semaphore", parents=[common], help="a semaphore's holders")
     sem.add_argument("name")
     sem.add_argument("--limit", type=int, default=None, help="its limit, to show free slots")

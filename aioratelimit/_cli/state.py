@@ -19,6 +19,7 @@ from .._backend import Backend
 from .._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
 from .._limits.limiter import Limiter
 from .._limits.pause import Pause
+from .._locks.leader import Leader, Term, leader
 from .._locks.lock import Lock, Semaphore
 from .._rates import Decision
 from .._scripts import IdemState
@@ -150,6 +151,40 @@ async def inspect_semaphore(args: argparse.Namespace, backend: Backend) -> int:
             )
         )
     return 0
+
+
+def _leader_line(state: _admin.LeaderState) -> str:
+    who = printable(state.identity)
+    if state.leads:
+        return f"  led by {who}: epoch {state.epoch}, TTL {seconds(state.ttl)}"
+    if state.epoch:
+        return f"  nobody leads (the last leader, {who}, had epoch {state.epoch})"
+    return "  nobody leads (no leader on record)"
+
+
+async def inspect_leader(args: argparse.Namespace, backend: Backend) -> int:
+    """A leader election's leader (identity, epoch, TTL left); with ``--watch``, a line
+    for each change until interrupted (woken by the changes, as ``Leader.watch`` is)."""
+    try:
+        election = leader(args.name, backend=backend)
+    except (ValueError, TypeError) as exc:
+        raise CliError(f"invalid leader name: {exc}") from None
+    out(f"leader {args.name!r} on {where(backend)}")
+    state = await _admin.leader_state(election)
+    out(_leader_line(state))
+    if args.watch:
+        # From the term just shown: a change right after it is printed is not missed.
+        identity = state.identity.decode("utf-8", "replace")
+        shown = Term(args.name, state.epoch, identity, state.ttl or 0.0) if state.leads else None
+        await _watch(election, shown)
+    return 0
+
+
+async def _watch(election: Leader, seen: Term | None) -> None:
+    while True:
+        seen = await election.wait_change(seen)
+        stamp = time.strftime("%H:%M:%S", time.gmtime())
+        out(f"{stamp}{_leader_line(await _admin.leader_state(election))}")
 
 
 _IDEM_WORDS = {

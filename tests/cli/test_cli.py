@@ -421,6 +421,47 @@ def test_inspect_and_reset_pause(request: pytest.FixtureRequest, deployment: str
     assert "not paused" in cli("inspect", "pause", key, "--url", url).stdout
 
 
+def test_inspect_leader_shows_the_leader_and_watches_its_changes(redis_url: str, key: str) -> None:
+    """`inspect leader`: the identity, epoch and TTL of the term running; after it
+    resigned, the last leader; `--watch` prints a line at each change until Ctrl-C."""
+
+    async def lead(backend: arl.Backend) -> tuple[arl.Term, str]:
+        async with arl.leader(key, ttl=60, identity="web-1:42", backend=backend) as term:
+            return term, cli("inspect", "leader", key, "--url", redis_url).stdout
+
+    term, held = on(redis_url, lead)
+    assert f"leader {key!r}" in held
+    assert re.search(rf"led by web-1:42: epoch {term.epoch}, TTL (\d+\.\d+) s", held), held
+    after = cli("inspect", "leader", key, "--url", redis_url).stdout
+    assert f"nobody leads (the last leader, web-1:42, had epoch {term.epoch})" in after
+    never = cli("inspect", "leader", f"{key}-never", "--url", redis_url).stdout
+    assert "nobody leads (no leader on record)" in never
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = started("inspect", "leader", key, "--watch", "--url", redis_url)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    with proc:
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        assert proc.stdout.readline().startswith(f"leader {key!r}")
+        assert "nobody leads" in proc.stdout.readline()
+        out = proc.stdout
+
+        async def seen(backend: arl.Backend) -> tuple[arl.Term, str]:
+            # The term ends only once the watcher has shown it.
+            async with arl.leader(key, ttl=60, identity="web-1:42", backend=backend) as term:
+                return term, await asyncio.to_thread(out.readline)
+
+        second, began = on(redis_url, seen)
+        ended = proc.stdout.readline()
+        assert f"led by web-1:42: epoch {second.epoch}" in began, began
+        assert f"nobody leads (the last leader, web-1:42, had epoch {second.epoch})" in ended
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+
+
 def test_inspect_idempotency_never_prints_the_result_unless_asked(redis_url: str, key: str) -> None:
     """`inspect idempotency`: in progress (with its lease) or completed; the stored result
     (customer data) only with ``--show-result``."""

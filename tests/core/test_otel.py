@@ -183,6 +183,24 @@ async def test_lock_and_semaphore_waits_timeouts_renewals_and_lost_leases(
     assert telemetry.count("aioratelimit.lock.lost", aioratelimit__lock__kind="lock") == 1
 
 
+async def test_leader_terms_are_counted_and_gauged(
+    telemetry: Telemetry, store: arl.Backend, key: str
+) -> None:
+    """Each term this process begins or ends is counted by the election's name and the
+    event; the gauge is 1 while it leads and 0 after; a term's acquire is kind "leader"."""
+    changes, leading = "aioratelimit.leader.changes", "aioratelimit.leader.leading"
+    name = {"aioratelimit__leader__name": key}  # (the election's name: a role, by design)
+    async with arl.leader(key, ttl=30, backend=store):
+        assert telemetry.count(leading, **name) == 1
+    async with arl.leader(key, ttl=30, backend=store):
+        pass
+    assert telemetry.count(changes, aioratelimit__leader__event="elected", **name) == 2
+    assert telemetry.count(changes, aioratelimit__leader__event="resigned", **name) == 2
+    assert telemetry.count(leading, **name) == 0
+    wait = "aioratelimit.lock.acquire.duration"
+    assert telemetry.count(wait, aioratelimit__lock__kind="leader") == 2
+
+
 async def test_a_cancelled_acquire_and_a_failed_one(
     telemetry: Telemetry, store: arl.Backend, key: str
 ) -> None:

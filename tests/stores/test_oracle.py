@@ -38,6 +38,7 @@ with no patch at all.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import re
@@ -66,6 +67,7 @@ from aioratelimit import _keys
 from aioratelimit._cli import admin as _admin
 from aioratelimit._idempotency.store import Claimed, IdempotencyStore, _fingerprint
 from aioratelimit._idempotency.tokens import _subject
+from aioratelimit._locks import leader as _leader
 from aioratelimit._scripts import HELPERS, SCRIPTS, Arg, Reply, Script
 from aioratelimit._stores.memory.keyspace import Keyspace, expired
 from aioratelimit._stores.memory.locks import PRUNE_MAX
@@ -241,6 +243,14 @@ def semaphore_names(name: str) -> tuple[str, str, str]:
     return _keys.semaphore(head(_keys.SEMAPHORE_KIND), name)
 
 
+def leader_names(name: str) -> tuple[str, str]:
+    return _keys.leader(head(_keys.LEADER_KIND), name)
+
+
+def every_key(name: str) -> str:
+    return _keys.every(head(_keys.EVERY_KIND), name)
+
+
 def token_key(digest: str) -> str:
     return _keys.token(head(_keys.TOKEN_KIND), digest)
 
@@ -284,6 +294,7 @@ State = tuple[bytes, Any, int] | None
 #: the type of every key a script writes, by the kind in its name (``oracle:<kind>:...``)
 TYPES = {"fw": b"string", "tb": b"string", "sw": b"hash", "lock": b"string", "tok": b"string"}
 TYPES.update({"idem": b"hash", "sem": b"zset", "sem-fence": b"hash", "doctor": b"string"})
+TYPES.update({"leader": b"string", "every": b"string"})
 
 
 def key_type(key: str) -> bytes:
@@ -588,6 +599,31 @@ def lock_calls() -> st.SearchStrategy[Call]:
     return weighted((acquire, 3), (release, 2), (extend, 2), (locked, 1))
 
 
+#: identities a leader publishes: none, plain, with the ':' the term's value also uses
+WHO = ("", "host-1:4242", "zz")
+#: every_claim's intervals (µs, >= 10 ms: ``every.MIN_INTERVAL``): short ones, a second
+#: and a bit, and a long one
+INTERVALS_US = (10_000, 25_003, 1_000_003, 30_000_000)
+
+
+def leader_calls() -> st.SearchStrategy[Call]:
+    """Claims by candidates of several identities (and the same claim sent again), the
+    lock scripts' renewals and resignations of a term, reads, and interval claims."""
+    claim, renew, resign, state = [], [], [], []
+    for name in LOCK_NAMES:
+        key, channel = leader_names(name)
+        state.append(Call("leader_state", (key,), ()))
+        for token, ms in product(TOKENS, TTLS_MS):
+            claim += [
+                Call("leader_claim", (key,), (token, ms, who, channel, p))
+                for who, p in product(WHO, PUBLISH)
+            ]
+            renew.append(Call("lock_extend", (key,), (token, ms)))
+            resign.append(Call("lock_release", (key,), (token, ms, channel, "PUBLISH")))
+        state += [Call("every_claim", (every_key(name),), (us,)) for us in INTERVALS_US]
+    return weighted((claim, 3), (resign, 2), (renew, 2), (state, 2))
+
+
 def semaphore_calls() -> st.SearchStrategy[Call]:
     """The same for semaphores, acquired under limits that may differ between callers."""
     acquire, release, extend, holders = [], [], [], []
@@ -887,6 +923,24 @@ class Locks(Oracle):
         self.call(call)
 
 
+class Leaders(Oracle):
+    """Leader terms claimed, renewed and resigned (by the lock scripts), read, and the
+    interval claims of ``every``."""
+
+    branches: ClassVar[dict[str, set[int]]] = {
+        "leader_claim": {0, 1},
+        "lock_extend": {0, 1},
+        "lock_release": {-1, 0, 1, 2},
+        "leader_state": {0, 1},
+        "every_claim": {0, 1},
+    }
+
+    @rule(move=MOVES, call=leader_calls())
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
 class Semaphores(Oracle):
     """Semaphore acquisitions, releases, extensions and ``holders``."""
 
@@ -951,6 +1005,7 @@ MACHINES = [
     SlidingWindows,
     TokenBuckets,
     Locks,
+    Leaders,
     Semaphores,
     OneShotTokens,
     Idempotency,
@@ -1260,6 +1315,28 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     expect("semaphore_release", [holders, fences], (token, 2, channel, "PUBLISH"))
     await _admin.semaphore_state(sem)
     expect("semaphore_list", [holders, fences], ())
+
+    candidate = _leader.Candidate("L1", 0.005, backend, WHO[1])  # (``arl.leader``'s)
+    lease = await candidate.acquire(timeout=0)
+    token = str(calls[-1][2][0])
+    await lease.extend()
+    election = arl.leader("L1", backend=backend)
+    await election.current()
+    await lease.release()
+    await _admin.leader_state(election)
+    key, channel = leader_names("L1")
+    expect("leader_claim", [key], (token, 5, WHO[1], channel, "PUBLISH"))
+    expect("lock_extend", [key], (token, 5))
+    expect("leader_state", [key], ())
+    expect("lock_release", [key], (token, 5, channel, "PUBLISH"))
+    expect("leader_state", [key], ())
+
+    async def stop(slot: int) -> None:
+        raise asyncio.CancelledError  # (ends ``every`` after its first run)
+
+    with contextlib.suppress(asyncio.CancelledError):
+        await arl.every(0.01, "L1", stop, backend=backend)
+    expect("every_claim", [every_key("L1")], (INTERVALS_US[0],))
 
     one_shot = await arl.issue_token(ttl=0.0025, subject="alice", backend=backend)
     await arl.consume_token(one_shot, "bob", backend=backend)

@@ -32,6 +32,9 @@ from . import (
     idempotency as memory_idempotency,
 )
 from . import (
+    leader as memory_leader,
+)
+from . import (
     locks as memory_locks,
 )
 from . import (
@@ -52,6 +55,7 @@ TWIN_MODULES: tuple[ModuleType, ...] = (
     memory_ratelimit,
     memory_penalties,
     memory_locks,
+    memory_leader,
     memory_idempotency,
     memory_server,
 )
@@ -108,6 +112,8 @@ _CREATES: dict[str, Callable[[Sequence[Arg]], int]] = {
     ),
     "lock_acquire": lambda args: 1,
     "lock_release": lambda args: 1,
+    "leader_claim": lambda args: 1,
+    "every_claim": lambda args: 1,
     "semaphore_acquire": lambda args: 2,
     "semaphore_release": lambda args: 1,
     "token_issue": lambda args: 1,
