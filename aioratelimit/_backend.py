@@ -28,6 +28,7 @@ from ._stores.base import (
     DEFAULT_TIMEOUT,
     Store,
 )
+from ._stores.confirm import Replicas, refuse
 from ._stores.notify import Notifier
 from ._urls import CLUSTER_SCHEMES, SENTINEL_SCHEMES, check_scheme, parse_error, redact
 
@@ -39,6 +40,9 @@ RunScript = Callable[[Script, Sequence[str], Sequence[Arg]], Awaitable[Reply]]
 RESEND_TRIES = 4
 #: Its first pause between two tries (seconds), doubled after each.
 RESEND_PAUSE = 0.02
+
+
+_NO_REPLICAS = "memory:// has no replicas: replicas= and aof= need a Redis backend"
 
 
 class Backend:
@@ -219,6 +223,36 @@ class Backend:
                 return reply
         log.warning("aioratelimit: gave up sending %s again: %s", script.name, failure)
         raise failure
+
+    def _check_replicas(self, replicas: Replicas | None) -> None:
+        """``ValueError`` before any I/O if this backend cannot confirm writes as asked
+        (memory:// has no replicas; ``replicas_timeout`` must be below ``timeout``)."""
+        if replicas is not None:
+            refusal = getattr(self._store, "confirm_refusal", _NO_REPLICAS)
+            refuse(replicas, refusal, self.timeout)
+
+    async def _run_write(
+        self,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[Arg],
+        replicas: Replicas | None,
+        wrote: Callable[[Reply], bool],
+        what: str,
+    ) -> Reply:
+        """``_run``; with ``replicas``, the script and its WAIT in one write on a connection
+        of their own (``_stores.confirm``), and ``NotReplicated`` when the script wrote
+        (``wrote(reply)``) and was not confirmed: the caller gives back what it took."""
+        if replicas is None:
+            return await self._run(script, keys, args)
+        self._check_replicas(replicas)
+        confirmed = self._store.run_confirmed  # type: ignore[attr-defined]  # (checked above)
+        reply, waited = await confirmed(script, keys, args, replicas)
+        if wrote(reply):
+            failure = replicas.check(waited, what)
+            if failure is not None:
+                raise failure
+        return reply
 
     @property
     def _notifier(self) -> Notifier:
