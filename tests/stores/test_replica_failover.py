@@ -81,11 +81,11 @@ async def acquire_after_failover(lock: arl.Lock) -> arl.Lease:
             await asyncio.sleep(0.1)
 
 
-async def lose_the_lock(group: SentinelDeployment, options: dict[str, int]) -> Run:
-    """Client A acquires (with ``options``) on a master whose promotable replica has
+async def lose_the_lock(group: SentinelDeployment, replicas: int) -> Run:
+    """Client A acquires (with ``replicas``, unless 0) on a master whose promotable replica has
     stopped replicating; the master is killed; client B acquires on the promoted replica;
     then A releases. What both recorded."""
-    run = Run(str(options or "no option"))
+    run = Run(f"replicas={replicas}" if replicas else "no option")
     name = f"jepsen-{uuid.uuid4().hex[:8]}"
     promoted = group.replicas[0]
     with promoted.client() as admin:
@@ -95,7 +95,7 @@ async def lose_the_lock(group: SentinelDeployment, options: dict[str, int]) -> R
     try:
         lease: arl.Lease | None = None
         try:
-            lease = await arl.Lock(name, ttl=60, backend=a, **options).acquire(timeout=0)
+            lease = await arl.Lock(name, ttl=60, backend=a, replicas=replicas).acquire(timeout=0)
         except arl.NotReplicated as exc:
             run.error(exc)
         start_a = time.monotonic()
@@ -125,7 +125,7 @@ async def lose_the_lock(group: SentinelDeployment, options: dict[str, int]) -> R
 async def test_the_failover_loses_the_lock_without_the_option(
     group: SentinelDeployment,
 ) -> None:
-    run = await lose_the_lock(group, {})
+    run = await lose_the_lock(group, 0)
     (overlap,) = run.overlaps
     assert (overlap.first.client, overlap.second.client) == ("A", "B")
     # Fences are drawn from the server's clock: the promoted replica's is still higher,
@@ -135,7 +135,7 @@ async def test_the_failover_loses_the_lock_without_the_option(
 
 
 async def test_confirmed_by_every_replica_nothing_is_lost(group: SentinelDeployment) -> None:
-    run = await lose_the_lock(group, {"replicas": 2})
+    run = await lose_the_lock(group, 2)
     assert run.errors == {"NotReplicated": 1}  # given back: A never held it
     assert [h.client for h in run.holds] == ["B"]
     assert run.overlaps == []
@@ -145,5 +145,5 @@ async def test_a_replica_that_acknowledged_but_was_not_promoted(
     group: SentinelDeployment,
 ) -> None:
     """What remains: WAIT counts replicas, it does not choose the one promoted."""
-    run = await lose_the_lock(group, {"replicas": 1})
+    run = await lose_the_lock(group, 1)
     assert len(run.overlaps) == 1
