@@ -225,11 +225,9 @@ class Backend:
         raise failure
 
     def _check_replicas(self, replicas: Replicas | None) -> None:
-        """``ValueError`` before any I/O if this backend cannot confirm writes as asked
-        (memory:// has no replicas; ``replicas_timeout`` must be below ``timeout``)."""
-        if replicas is not None:
-            refusal = getattr(self._store, "confirm_refusal", _NO_REPLICAS)
-            refuse(replicas, refusal, self.timeout)
+        """``ValueError`` before any I/O if this backend cannot confirm writes as asked."""
+        if replicas is not None:  # (memory:// has no replicas, and no ``confirm_refusal``)
+            refuse(replicas, getattr(self._store, "confirm_refusal", _NO_REPLICAS), self.timeout)
 
     async def _run_write(
         self,

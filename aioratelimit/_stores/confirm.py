@@ -278,4 +278,10 @@ async def _both(wire: Wire, script: bytes, wait: bytes) -> tuple[Any, Any]:
     """Write the script and its WAIT as one write (closed by one tag: a lost reply cannot
     shift them) and await both replies."""
     ran, waited = wire.send_together([script, wait])
+    waited.add_done_callback(_retrieved)  # (its failure is ``ran``'s, raised first)
     return await ran, await waited
+
+
+def _retrieved(reply: asyncio.Future[Any]) -> None:
+    if not reply.cancelled():
+        reply.exception()

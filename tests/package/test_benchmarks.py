@@ -102,6 +102,7 @@ SERVER_CPU_ROWS = {
         "cluster: raw redis.asyncio RedisCluster",
     ],
     "bench_attack": ["plain `FixedWindow`, 64 task(s)"],
+    "bench_replicas": ["plain", "replicas=1"],
     "bench_web": ["RateLimitMiddleware, Redis"],
 }
 

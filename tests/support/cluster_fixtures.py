@@ -212,9 +212,7 @@ class _Sentinel:
         stop_process(proc)
 
 
-def knows_its_group(
-    client: Callable[[], redis.Redis], service: str, replicas: int = 1
-) -> bool:
+def knows_its_group(client: Callable[[], redis.Redis], service: str, replicas: int = 1) -> bool:
     """Whether a sentinel (``client()`` opens a connection to it) knows the ``replicas``
     of ``service`` and the two other sentinels: the group has formed, as it sees it."""
     with client() as admin:
