@@ -1,7 +1,7 @@
-"""Writes confirmed by replicas (``replicas=``, ``aof=``): WAIT or WAITAOF sent with the
-script in one write on a connection of its own, and what is given back when a write is not
-confirmed: a lock or a semaphore slot released, an issued token withdrawn, an idempotency
-claim released; a consume and a stored result stand, and raise.
+"""Locks and semaphores confirmed by replicas (``replicas=``, ``aof=``): WAIT or WAITAOF sent
+with the script in one write on a connection of its own, the options checked before any
+I/O, and an acquire that is not confirmed given back (tokens and idempotency records:
+tests/idempotency/test_replicas_idempotency.py).
 
 The "not confirmed" cases are forced, not waited for: the replica is frozen (SIGSTOP), so
 WAIT's count is certain; WAIT's own short timeout ends the call.
@@ -10,67 +10,16 @@ WAIT's count is certain; WAIT's own short timeout ends the call.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis
 import redis.asyncio as aredis
-from support.cluster_fixtures import wait_until
+from support.replicas import SHORT, frozen
 from support.servers import RedisServer, packaged_server
 
 import aioratelimit as arl
-from aioratelimit._idempotency.store import Claimed, IdempotencyStore, Replay
+from aioratelimit._idempotency.store import IdempotencyStore
 from aioratelimit.testing import default_backend
-
-#: WAIT's bound in the tests that expect no confirmation: short, and no test waits on it.
-SHORT = 0.2
-
-
-def _start_replica(master: RedisServer, binary_args: tuple[str, ...] = ()) -> RedisServer:
-    replica = RedisServer(None, "--replicaof", "127.0.0.1", str(master.port), *binary_args)
-    replica.start()
-    wait_until(
-        lambda: replica.client().info("replication").get("master_link_status") == "up",
-        30.0,
-        "the replica to sync",
-    )
-    return replica
-
-
-@pytest.fixture
-def replica(own_redis: RedisServer) -> Iterator[RedisServer]:
-    """A replica of ``own_redis``, in sync."""
-    server = _start_replica(own_redis)
-    try:
-        yield server
-    finally:
-        if server.proc is not None and server.proc.poll() is None:
-            server.resume()
-        server.stop()
-
-
-@pytest.fixture
-async def primary(own_redis: RedisServer, replica: RedisServer) -> AsyncIterator[arl.Backend]:
-    """A backend on ``own_redis``, which has one replica."""
-    backend = arl.Backend.from_url(own_redis.url)
-    try:
-        yield backend
-    finally:
-        await backend.aclose()
-
-
-class frozen:
-    """The replica frozen (SIGSTOP) inside the block: it acknowledges nothing."""
-
-    def __init__(self, server: RedisServer) -> None:
-        self.server = server
-
-    def __enter__(self) -> None:
-        self.server.pause()
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.resume()
-
 
 # -- options, checked before any I/O ---------------------------------------------------------
 
@@ -216,80 +165,6 @@ async def test_the_shared_wire_is_not_held_up_by_wait(
         assert not blocked.done()
         with pytest.raises(arl.NotReplicated):
             await blocked
-
-
-async def test_an_unconfirmed_token_is_withdrawn(
-    own_redis: RedisServer, primary: arl.Backend, replica: RedisServer
-) -> None:
-    master = own_redis.client()
-    before = master.dbsize()
-    with frozen(replica), pytest.raises(arl.NotReplicated, match="withdrawn"):
-        await arl.issue_token(backend=primary, replicas=1, replicas_timeout=SHORT)
-    assert master.dbsize() == before  # no token record left behind
-    token = await arl.issue_token(backend=primary, replicas=1)
-    assert await arl.consume_token(token, backend=primary, replicas=1)
-
-
-async def test_an_unconfirmed_consume_stands(primary: arl.Backend, replica: RedisServer) -> None:
-    """A consume that was not confirmed raises, and the token stays spent: it is never
-    put back (that would let it be used twice)."""
-    token = await arl.issue_token(backend=primary, replicas=1)
-
-    @arl.consumes_token(lambda t: t, backend=primary, replicas=1, replicas_timeout=SHORT)
-    async def act(t: str) -> str:
-        return "acted"
-
-    with frozen(replica), pytest.raises(arl.NotReplicated, match="treat it as spent"):
-        await act(token)
-    assert not await arl.consume_token(token, backend=primary)
-    # A wrong or unknown token writes nothing: False, without waiting for a confirmation.
-    with frozen(replica):
-        assert not await arl.consume_token(
-            token, backend=primary, replicas=1, replicas_timeout=SHORT
-        )
-
-
-async def test_an_unconfirmed_claim_is_released(
-    primary: arl.Backend, replica: RedisServer, key: str
-) -> None:
-    store = IdempotencyStore(primary, replicas=1, replicas_timeout=SHORT)
-    with frozen(replica), pytest.raises(arl.NotReplicated):
-        await store.claim(key)
-    # Released: the next claim gets the key at once (no lease to wait out).
-    assert isinstance(await IdempotencyStore(primary).claim(key), Claimed)
-
-
-async def test_an_unconfirmed_result_stands(
-    primary: arl.Backend, replica: RedisServer, key: str
-) -> None:
-    store = IdempotencyStore(primary, replicas=1, replicas_timeout=SHORT)
-    claimed = await store.claim(key)
-    assert isinstance(claimed, Claimed)
-    with frozen(replica), pytest.raises(arl.NotReplicated, match="stored on the master"):
-        async with store.running(claimed):
-            await store.complete(claimed, b"result")
-    assert claimed.settled
-    assert await IdempotencyStore(primary).claim(key) == Replay(key, b"result")
-
-
-async def test_idempotent_returns_an_unconfirmed_result(
-    primary: arl.Backend, replica: RedisServer, key: str
-) -> None:
-    runs = []
-
-    @arl.idempotent(key, backend=primary, replicas=1, replicas_timeout=SHORT)
-    async def once() -> int:
-        runs.append(1)
-        if len(runs) == 1:
-            replica.pause()  # the claim was confirmed; the result will not be
-        return len(runs)
-
-    try:
-        assert await once() == 1
-    finally:
-        replica.resume()
-    assert await once() == 1  # replayed: the result stood
-    assert runs == [1]
 
 
 async def test_a_passed_in_client_confirms_too(
