@@ -173,6 +173,8 @@ class ConfirmPool:
                 reply, waited = await _both(wire, pack(script.eval_head, keys, args), wait)
             if type(reply) is ReplyError and str(reply).startswith("READONLY"):
                 self.clear()  # demoted: the next write connects to the new master
+                wire.close()
+                wire = None
             return reply, waited
         except BaseException:
             if wire is not None:
