@@ -237,3 +237,22 @@ async def test_waitaof_on_a_server_that_has_it(key: str, own_redis: RedisServer)
         servers.REDIS_SERVER = saved
         plain.stop()
         logged.stop()
+
+
+async def test_a_demoted_master_is_left(
+    own_redis: RedisServer, replica: RedisServer, primary: arl.Backend, key: str
+) -> None:
+    """A confirmed write that finds its server demoted (READONLY) is refused as "not now",
+    and its connection is closed, not kept for the next write (which, behind Sentinel,
+    connects to the master the sentinels name)."""
+    lock = arl.Lock(key, backend=primary, replicas=1, replicas_timeout=SHORT)
+    lease = await lock.acquire(timeout=0)  # (the pool has a connection now)
+    await lease.release()
+    with replica.client() as promoted, own_redis.client() as demoted:
+        promoted.execute_command("REPLICAOF", "NO", "ONE")
+        demoted.execute_command("REPLICAOF", "127.0.0.1", str(replica.port))
+    with pytest.raises(arl.BackendUnavailable, match="READONLY"):
+        await lock.acquire(timeout=0)
+    pool = primary._store._on.confirms  # type: ignore[attr-defined]
+    assert pool is not None
+    assert not pool._idle
