@@ -30,6 +30,7 @@ from .._args import check_int, check_key, check_seconds, check_timeout, from_us,
 from .._backend import Backend, get_backend
 from .._errors import BackendUnavailable, IdempotencyKeyMismatch, NotReplicated, ResultTooLarge
 from .._scripts import Claim, Reply
+from .._stores import confirm
 from .._stores.confirm import DEFAULT_REPLICAS_TIMEOUT, replicas_option
 
 log = logging.getLogger("aioratelimit")
@@ -170,7 +171,8 @@ class IdempotencyStore:
         return self._backend or get_backend()
 
     def __repr__(self) -> str:
-        return f"<IdempotencyStore name={self.name!r} ttl={self.ttl} lease={self.lease}>"
+        shown = f"<IdempotencyStore name={self.name!r} ttl={self.ttl} lease={self.lease}"
+        return f"{shown}{confirm.shown(self._replicas)}>"
 
     async def claim(
         self, key: str, fingerprint: str | bytes | None = None, *, _until: float | None = None

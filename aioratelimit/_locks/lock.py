@@ -43,6 +43,7 @@ from .._args import check_int, check_key, check_seconds, check_timeout, to_ms
 from .._backend import Backend, get_backend
 from .._errors import AioRateLimitError, BackendUnavailable, LockTimeout
 from .._scripts import Arg, Reply, Script
+from .._stores import confirm
 from .._stores.confirm import DEFAULT_REPLICAS_TIMEOUT, replicas_option
 from . import line as _line
 from .lease import Hold, Lease, Names
@@ -359,7 +360,7 @@ class Lock(_Resource):
         return bool(await backend._run(_scripts.LOCK_LOCKED, keys, ()) == 1)
 
     def __repr__(self) -> str:
-        return f"<Lock {self.name!r} ttl={self.ttl}>"
+        return f"<Lock {self.name!r} ttl={self.ttl}{confirm.shown(self._replicas)}>"
 
 
 class Semaphore(_Resource):
@@ -411,7 +412,8 @@ class Semaphore(_Resource):
         return await self.holders() >= self.limit
 
     def __repr__(self) -> str:
-        return f"<Semaphore {self.name!r} limit={self.limit} ttl={self.ttl}>"
+        shown = confirm.shown(self._replicas)
+        return f"<Semaphore {self.name!r} limit={self.limit} ttl={self.ttl}{shown}>"
 
 
 def lock(

@@ -95,6 +95,13 @@ def _fix(message: str) -> str:
     return ""
 
 
+def shown(replicas: Replicas | None) -> str:
+    """What a primitive's ``repr`` adds for its option: `` replicas=1`` (and ``aof``)."""
+    if replicas is None:
+        return ""
+    return f" replicas={replicas.count}{' aof' if replicas.aof else ''}"
+
+
 def replicas_option(replicas: object, replicas_timeout: object, aof: object) -> Replicas | None:
     """The confirmation a primitive's ``replicas=``, ``replicas_timeout=`` and ``aof=``
     ask for (None: none, the default), checked before any I/O."""
