@@ -63,6 +63,13 @@ async def test_memory_refuses_the_option_before_any_io() -> None:
     assert not backend._store.keyspace.data  # type: ignore[attr-defined]
 
 
+def test_the_option_shows_in_the_repr() -> None:
+    assert repr(arl.Lock("x", replicas=1)) == "<Lock 'x' ttl=30.0 replicas=1>"
+    assert "replicas=0 aof>" in repr(arl.Semaphore("x", aof=True))
+    assert "replicas=2>" in repr(IdempotencyStore(replicas=2))
+    assert "replicas" not in repr(arl.Lock("x"))
+
+
 async def test_replicas_timeout_must_be_below_the_backends_timeout(redis_url: str) -> None:
     async with arl.Backend.from_url(redis_url, timeout=1.0) as backend:
         with pytest.raises(ValueError, match="below the backend's timeout"):
