@@ -28,8 +28,10 @@ from ._stores.base import (
     DEFAULT_TIMEOUT,
     Store,
 )
+from ._stores.confirm import Replicas, refuse
 from ._stores.notify import Notifier
 from ._stores.urls import CLUSTER_SCHEMES, SENTINEL_SCHEMES, check_scheme, parse_error, redact
+from ._stores.wrap import wrap
 
 log = logging.getLogger("aioratelimit")
 
@@ -39,6 +41,9 @@ RunScript = Callable[[Script, Sequence[str], Sequence[Arg]], Awaitable[Reply]]
 RESEND_TRIES = 4
 #: Its first pause between two tries (seconds), doubled after each.
 RESEND_PAUSE = 0.02
+
+
+_NO_REPLICAS = "memory:// has no replicas: replicas= and aof= need a Redis backend"
 
 
 class Backend:
@@ -87,7 +92,7 @@ class Backend:
         if client is None:
             raise TypeError("Backend(client) needs a redis.asyncio client; use from_url()")
         keyring = resolve_secret(secret)
-        self._setup(_wrap(client), prefix, "client://", DEFAULT_TIMEOUT, keyring)
+        self._setup(wrap(client), prefix, "client://", DEFAULT_TIMEOUT, keyring)
 
     def _setup(self, store: Store, prefix: str, url: str, timeout: float, keyring: Keyring) -> None:
         self._store = store
@@ -248,6 +253,34 @@ class Backend:
         log.warning("aioratelimit: gave up sending %s again: %s", script.name, failure)
         raise failure
 
+    def _check_replicas(self, replicas: Replicas | None) -> None:
+        """``ValueError`` before any I/O if this backend cannot confirm writes as asked."""
+        if replicas is not None:  # (memory:// has no replicas, and no ``confirm_refusal``)
+            refuse(replicas, getattr(self._store, "confirm_refusal", _NO_REPLICAS), self.timeout)
+
+    async def _run_write(
+        self,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[Arg],
+        replicas: Replicas | None,
+        wrote: Callable[[Reply], bool],
+        what: str,
+    ) -> Reply:
+        """``_run``; with ``replicas``, the script and its WAIT in one write on a connection
+        of their own (``_stores.confirm``), and ``NotReplicated`` when the script wrote
+        (``wrote(reply)``) and was not confirmed: the caller gives back what it took."""
+        if replicas is None:
+            return await self._run(script, keys, args)
+        self._check_replicas(replicas)
+        confirmed = self._store.run_confirmed  # type: ignore[attr-defined]  # (checked above)
+        reply, waited = await confirmed(script, keys, args, replicas)
+        if wrote(reply):
+            failure = replicas.check(waited, what)
+            if failure is not None:
+                raise failure
+        return reply
+
     @property
     def _notifier(self) -> Notifier:
         """The backend's shared pub/sub subscriber (see ``_stores.notify``)."""
@@ -320,49 +353,6 @@ def memory_backend(
     else:
         store = ObservedMemoryStore(on_call, clock, max_keys=max_keys)
     return Backend._of(store, prefix=prefix, url="memory://", timeout=timeout, keyring=keyring)
-
-
-#: What ``Backend(client)`` takes (anything else is a TypeError at once).
-_CLIENTS = (
-    "redis.asyncio.Redis (fakeredis.FakeAsyncRedis too), redis.asyncio.RedisCluster or"
-    " valkey.asyncio.Valkey"
-)
-
-
-def _wrap(client: Any) -> Store:
-    """The store for a client the application passes in (never closed by the backend):
-    redis-py's asyncio ``Redis`` (or a subclass: fakeredis's, Sentinel's ``master_for``),
-    its ``RedisCluster``, or valkey-py's asyncio ``Valkey``."""
-    import redis.asyncio as aredis
-    from redis.asyncio.cluster import RedisCluster
-
-    named = f"{type(client).__module__}.{type(client).__qualname__}"
-    if type(client).__module__.split(".")[0] == "valkey":
-        import valkey.asyncio
-
-        if isinstance(client, valkey.asyncio.Valkey):
-            from ._stores.standalone import ClientStore
-
-            return ClientStore(client, family="valkey")
-        raise TypeError(
-            f"Backend(client) takes {_CLIENTS}, not {named} (a Valkey cluster: pass a"
-            " redis+cluster:// URL to Backend.from_url)"
-        )
-    if not isinstance(client, (aredis.Redis, RedisCluster)):
-        hint = (
-            " (a synchronous client: use its redis.asyncio twin)" if hasattr(client, "eval") else ""
-        )
-        raise TypeError(f"Backend(client) takes {_CLIENTS}, not {named}{hint}")
-    if isinstance(client, RedisCluster):
-        from ._stores.cluster import ClusterStore
-
-        # Bound calls in flight by the client's per-node pool size, so that pool never
-        # fails fast with MaxConnectionsError: callers queue instead.
-        size = int(client.get_connection_kwargs().get("max_connections") or 100)
-        return ClusterStore(client, owned=False, max_calls=size, timeout=DEFAULT_TIMEOUT)
-    from ._stores.standalone import ClientStore
-
-    return ClientStore(client)
 
 
 def _check_prefix(prefix: object) -> str:

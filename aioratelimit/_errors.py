@@ -14,7 +14,9 @@
     │                           (.key, .reason)
     ├── BackendUnavailable      Redis unreachable or too slow (cause chained)
     └── BackendError            the server answered with an error that is not an outage
-                                (a permission, a script error, maxmemory; cause chained)
+        │                       (a permission, a script error, maxmemory; cause chained)
+        └── NotReplicated       a write asked to be confirmed by replicas was not
+                                (.wanted, .acknowledged, .fsynced)
 
 Bad arguments raise the built-in ``ValueError`` / ``TypeError`` before any I/O. One more
 ``ValueError`` carries data: ``ResultTooLarge`` (an ``@idempotent`` result over its cap;
@@ -125,6 +127,33 @@ class BackendError(AioRateLimitError):
     """The server answered with an error that is not an outage: a command the ACL user may
     not run, a script error, maxmemory reached, a server or test double that cannot run
     the scripts. The message is the server's, with the fix where it is known."""
+
+
+class NotReplicated(BackendError):
+    """A write made with ``replicas=`` (or ``aof=True``) was not acknowledged in time by as
+    many replicas as it asked for (``WAIT``), or not written to the AOF (``WAITAOF``).
+
+    The primitive has already given back what can be given back (a lock or a semaphore
+    slot released, an issued token withdrawn, an idempotency claim released); what cannot
+    (a consumed token, a stored result) stands, and the message says what to do.
+    ``wanted``: the replicas asked for; ``acknowledged``: those that confirmed;
+    ``fsynced``: whether the master's own AOF confirmed (``None`` without ``aof``).
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        wanted: int = 0,
+        acknowledged: int = 0,
+        fsynced: bool | None = None,
+    ) -> None:
+        super().__init__(
+            message or f"the write was confirmed by {acknowledged} of {wanted} replicas"
+        )
+        self.wanted = wanted
+        self.acknowledged = acknowledged
+        self.fsynced = fsynced
 
 
 class ResultTooLarge(ValueError):

@@ -56,6 +56,7 @@ import pytest
 import redis
 from support import jobs, loops, typecheck, virtual_clock
 from support.cluster_fixtures import RedisClusterDeployment, SentinelDeployment, sync_client
+from support.replicas import primary, replica  # noqa: F401  (a master with one replica)
 from support.servers import RedisServer, permit, remove_scratch
 from support.tls_servers import mtls_redis, pki, plain_redis, tls_redis  # noqa: F401  (TLS, ACL servers)
 from support.virtual_clock import VirtualClock, VirtualClockLoop

@@ -14,7 +14,8 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 from .._args import binder, check_int, check_key
 from .._backend import Backend
-from .._errors import BackendUnavailable, IdempotencyInProgress
+from .._errors import BackendUnavailable, IdempotencyInProgress, NotReplicated
+from .._stores.confirm import DEFAULT_REPLICAS_TIMEOUT
 from .results import JSON, RECORD_OVERHEAD, Codec, Serializer
 from .store import MAX_RESULT_BYTES, Claimed, IdempotencyStore, InProgress, Replay
 
@@ -35,6 +36,9 @@ def idempotent(
     serializer: Serializer = JSON,
     max_result_bytes: int = MAX_RESULT_BYTES,
     name: str | None = None,
+    replicas: int = 0,
+    replicas_timeout: float = DEFAULT_REPLICAS_TIMEOUT,
+    aof: bool = False,
 ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Coroutine[Any, Any, R]]]:
     """Run an async function once per idempotency key; later calls replay its result.
 
@@ -67,6 +71,12 @@ def idempotent(
     when a call starts, ``BackendUnavailable`` is raised and nothing runs; if it is
     unreachable when the result is to be stored, the caller still gets the result (a
     warning is logged) and a later call runs the function again.
+
+    ``replicas=N`` (``aof=True``): the claim and the result must reach N replicas (and
+    the AOF) within ``replicas_timeout`` seconds (``IdempotencyStore``). A claim that is
+    not confirmed is released and raises ``NotReplicated``: nothing runs. A result that
+    is not confirmed stands on the master and its caller still gets it (a warning is
+    logged).
     """
     if not (isinstance(key, str) or callable(key)):
         raise TypeError(f"key must be a str or a callable, not {type(key).__name__}")
@@ -79,7 +89,14 @@ def idempotent(
     check_int(max_result_bytes, "max_result_bytes")
     # The codec checks the result's size itself; the store's cap leaves room for the framing.
     store = IdempotencyStore(
-        backend, ttl=ttl, lease=lease, name=name, max_bytes=max_result_bytes + RECORD_OVERHEAD
+        backend,
+        ttl=ttl,
+        lease=lease,
+        name=name,
+        max_bytes=max_result_bytes + RECORD_OVERHEAD,
+        replicas=replicas,
+        replicas_timeout=replicas_timeout,
+        aof=aof,
     )
     key_of, fixed_key = (None, key) if isinstance(key, str) else (key, "")
 
@@ -111,6 +128,10 @@ def idempotent(
                 record = codec.record(k, result)
                 try:
                     stored = await store.complete(outcome, record)
+                except NotReplicated as exc:
+                    # Stored on the master and kept there (a release would let a retry
+                    # run it again); its caller gets the result.
+                    log.warning("aioratelimit: %s", exc)
                 except BackendUnavailable as exc:
                     # The function ran: its caller gets the result. A retry runs it again
                     # once the key is released (below) or its lease passes.

@@ -28,8 +28,10 @@ from .. import _keys, _observe, _scripts
 from .._aio import finish, finish_within
 from .._args import check_int, check_key, check_seconds, check_timeout, from_us, to_us
 from .._backend import Backend, get_backend
-from .._errors import BackendUnavailable, IdempotencyKeyMismatch, ResultTooLarge
-from .._scripts import Claim
+from .._errors import BackendUnavailable, IdempotencyKeyMismatch, NotReplicated, ResultTooLarge
+from .._scripts import Claim, Reply
+from .._stores import confirm
+from .._stores.confirm import DEFAULT_REPLICAS_TIMEOUT, replicas_option
 
 log = logging.getLogger("aioratelimit")
 
@@ -92,6 +94,16 @@ class Claimed:
 Outcome = Claimed | Replay | InProgress
 
 
+def _claimed(reply: Reply) -> bool:
+    """Whether ``idem_claim`` claimed the key (what a confirmation must cover)."""
+    return bool(reply[0] == Claim.CLAIMED)
+
+
+def _one(reply: Reply) -> bool:
+    """Whether ``idem_complete`` stored the result (1)."""
+    return bool(reply == 1)
+
+
 def _fingerprint(fingerprint: str | bytes | None) -> str:
     """A fixed-size stand-in for the request's fingerprint ('' for none)."""
     if fingerprint is None:
@@ -109,7 +121,16 @@ def _fingerprint(fingerprint: str | bytes | None) -> str:
 class IdempotencyStore:
     """Claims, leases and stored results of idempotency keys (see the module docstring)."""
 
-    __slots__ = ("_backend", "_lease_us", "_ttl_us", "lease", "max_bytes", "name", "ttl")
+    __slots__ = (
+        "_backend",
+        "_lease_us",
+        "_replicas",
+        "_ttl_us",
+        "lease",
+        "max_bytes",
+        "name",
+        "ttl",
+    )
 
     def __init__(
         self,
@@ -119,9 +140,18 @@ class IdempotencyStore:
         lease: float = 30.0,
         name: str | None = None,
         max_bytes: int = MAX_RESULT_BYTES,
+        replicas: int = 0,
+        replicas_timeout: float = DEFAULT_REPLICAS_TIMEOUT,
+        aof: bool = False,
     ) -> None:
         if backend is not None and not isinstance(backend, Backend):
             raise TypeError(f"backend must be a Backend, not {type(backend).__name__}")
+        # What a claim and a completion wait for (``_stores.confirm``; None: nothing):
+        # an unconfirmed claim is released and raises NotReplicated; an unconfirmed
+        # completion raises it too, and its result stands (see ``complete``).
+        self._replicas = replicas_option(replicas, replicas_timeout, aof)
+        if backend is not None:
+            backend._check_replicas(self._replicas)
         if name is not None:
             check_key(name, "name")
         self._backend = backend
@@ -141,7 +171,8 @@ class IdempotencyStore:
         return self._backend or get_backend()
 
     def __repr__(self) -> str:
-        return f"<IdempotencyStore name={self.name!r} ttl={self.ttl} lease={self.lease}>"
+        shown = f"<IdempotencyStore name={self.name!r} ttl={self.ttl} lease={self.lease}"
+        return f"{shown}{confirm.shown(self._replicas)}>"
 
     async def claim(
         self, key: str, fingerprint: str | bytes | None = None, *, _until: float | None = None
@@ -154,10 +185,17 @@ class IdempotencyStore:
             check_key(key)  # raises
         fp = "" if fingerprint is None else _fingerprint(fingerprint)
         backend = self._backend or get_backend()
+        confirm = self._replicas
+        if confirm is not None:
+            backend._check_replicas(confirm)
         record, channel = self._keys(backend, key)
         owner = _keys.new_token()
         try:
-            reply = await backend._run(_scripts.IDEM_CLAIM, (record,), (owner, fp, self._lease_us))
+            args = (owner, fp, self._lease_us)
+            # Not confirmed: NotReplicated, and released below like a lost reply.
+            reply = await backend._run_write(
+                _scripts.IDEM_CLAIM, (record,), args, confirm, _claimed, f"claiming {key!r}"
+            )
         except BaseException:
             # The script may have run before the reply was lost: give back whatever this
             # owner may hold, rather than keep the key until the lease passes. Waited for
@@ -247,6 +285,12 @@ class IdempotencyStore:
 
         False if this owner had lost the key (nothing stored). ``ResultTooLarge`` (a
         ``ValueError``) before any I/O when ``payload`` is over ``max_bytes``.
+
+        With ``replicas=``, ``NotReplicated`` if the result was stored on the master but
+        not confirmed. It is never taken back (releasing it would let a retry run the call
+        again): it stands, ``claimed`` counts as settled, and later claims replay it. A
+        failover that promotes a replica without it may still let the key be claimed
+        again once its lease passes (the call may then run twice).
         """
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
@@ -254,11 +298,15 @@ class IdempotencyStore:
         if size > self.max_bytes:
             raise ResultTooLarge(key=claimed.key, size=size, limit=self.max_bytes)
         claimed._stop_renewal()
-        reply = await claimed._backend._run(
-            _scripts.IDEM_COMPLETE,
-            (claimed._record,),
-            (claimed.owner, bytes(payload), self._ttl_us, *claimed._wake),
-        )
+        args = (claimed.owner, bytes(payload), self._ttl_us, *claimed._wake)
+        what = f"the result of {claimed.key!r} is stored on the master, not confirmed"
+        try:
+            reply = await claimed._backend._run_write(
+                _scripts.IDEM_COMPLETE, (claimed._record,), args, self._replicas, _one, what
+            )
+        except NotReplicated:
+            claimed.settled = True  # the result stands: never released (see above)
+            raise
         claimed.settled = True
         return bool(reply == 1)
 

@@ -25,6 +25,7 @@ from .._backend import Backend
 from .._errors import AioRateLimitError, LockLost, LockNotOwned
 from .._public import NoPublicConstructor
 from .._scripts import Released, Script
+from .._stores.confirm import Replicas
 
 log = logging.getLogger("aioratelimit")
 
@@ -51,6 +52,10 @@ class Names:
     publish: str
     release: Script
     extend: Script
+    #: what an acquire and an extend wait for (None: nothing)
+    replicas: Replicas | None = None
+    #: what ``NotReplicated`` says of an acquire that was not confirmed
+    acquired: str = ""
 
     def release_args(self, token: str, ttl: float) -> tuple[str, int, str, str]:
         """The release script's arguments (a tombstone lives as long as the lease would)."""
@@ -61,6 +66,11 @@ def _margin(ttl: float) -> float:
     """How long before the TTL runs out a lease stops counting itself valid: time to cancel
     the block before another holder can get in."""
     return min(ttl / 10, 1.0)
+
+
+def _one(reply: object) -> bool:
+    """Whether an extend script extended (1)."""
+    return reply == 1
 
 
 def released(code: int) -> bool:
@@ -99,6 +109,9 @@ class Lease(metaclass=NoPublicConstructor):
         """Hold on for ``ttl`` seconds from now (default: the lease's ttl).
 
         Raises ``LockNotOwned`` if the lease no longer holds (expired, released or taken).
+        With ``replicas=``, ``NotReplicated`` if the extension was not confirmed: it stands
+        on the master, but the lease counts only on the last confirmed one (its renewal
+        tries again until then).
         """
         ttl = self.ttl if ttl is None else check_seconds(ttl, "ttl")
         if self._state is not _HELD:
@@ -106,7 +119,10 @@ class Lease(metaclass=NoPublicConstructor):
         sent = asyncio.get_running_loop().time()
         base = cancels()
         names = self._names
-        reply = await self._backend._run(names.extend, names.owner_keys, (self._token, to_ms(ttl)))
+        args = (self._token, to_ms(ttl))
+        run = self._backend._run_write
+        what = "the extension stands on the master; the lease counts on the last confirmed"
+        reply = await run(names.extend, names.owner_keys, args, names.replicas, _one, what)
         cancel_requested(base)
         if reply != 1:
             if self._state is _HELD:

@@ -43,6 +43,8 @@ from .._args import check_int, check_key, check_seconds, check_timeout, to_ms
 from .._backend import Backend, get_backend
 from .._errors import AioRateLimitError, BackendUnavailable, LockTimeout
 from .._scripts import Arg, Reply, Script
+from .._stores import confirm
+from .._stores.confirm import DEFAULT_REPLICAS_TIMEOUT, replicas_option
 from . import line as _line
 from .lease import Hold, Lease, Names
 
@@ -73,10 +75,15 @@ def _never_sent(exc: BaseException) -> bool:
     )
 
 
+def _took(reply: Reply) -> bool:
+    """Whether an acquire script took the lock or a slot (``{1, fence}``)."""
+    return bool(reply[0] == 1)
+
+
 class _Resource:
     """What ``Lock`` and ``Semaphore`` share; a subclass names its scripts and keys."""
 
-    __slots__ = ("_backend", "_cache", "name", "ttl")
+    __slots__ = ("_backend", "_cache", "_replicas", "name", "ttl")
 
     _kind: str
     #: only one holder at a time (a lock): after one waiter of the line took it, the next
@@ -86,12 +93,24 @@ class _Resource:
     _release_script: Script
     _extend_script: Script
 
-    def __init__(self, name: str, ttl: float, backend: Backend | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        ttl: float,
+        backend: Backend | None,
+        replicas: int = 0,
+        replicas_timeout: float = DEFAULT_REPLICAS_TIMEOUT,
+        aof: bool = False,
+    ) -> None:
         self.name = check_key(name, "name")
         self.ttl = check_seconds(ttl, "ttl")
         if backend is not None and not isinstance(backend, Backend):
             raise TypeError(f"backend must be a Backend, not {type(backend).__name__}")
         self._backend = backend
+        # What every acquire and extend waits for (``_stores.confirm``; None: nothing).
+        self._replicas = replicas_option(replicas, replicas_timeout, aof)
+        if backend is not None:
+            backend._check_replicas(self._replicas)
         # (backend, its names), built once per backend
         self._cache: tuple[Backend, Names] | None = None
 
@@ -116,6 +135,8 @@ class _Resource:
                 backend._publish_command,
                 self._release_script,
                 self._extend_script,
+                self._replicas,
+                f"{self._kind} {self.name!r} was given back",
             )
             cache = self._cache = (backend, names)
         return cache[1]
@@ -142,6 +163,7 @@ class _Resource:
         if timeout is not None:
             timeout = check_timeout(timeout)
         backend = self._backend or get_backend()
+        backend._check_replicas(self._replicas)  # (the default backend: checked here)
         names = self._names(backend)
         token = _keys.new_token()
         ttl = self.ttl
@@ -183,7 +205,10 @@ class _Resource:
         """One acquire script; if it fails or is cancelled in flight, release its token
         (waiting for that at most until ``limit``, the acquire's bound)."""
         try:
-            reply = await backend._run(self._acquire_script, names.acquire_keys, args)
+            # With ``replicas``, an acquire that took it and was not confirmed raises
+            # NotReplicated, and is given back (released) below like a lost reply.
+            script, keys, what = self._acquire_script, names.acquire_keys, names.acquired
+            reply = await backend._run_write(script, keys, args, names.replicas, _took, what)
             cancel_requested(base)
             return reply
         except BaseException as exc:
@@ -312,8 +337,17 @@ class Lock(_Resource):
     _release_script = _scripts.LOCK_RELEASE
     _extend_script = _scripts.LOCK_EXTEND
 
-    def __init__(self, name: str, ttl: float = 30.0, backend: Backend | None = None) -> None:
-        super().__init__(name, ttl, backend)
+    def __init__(
+        self,
+        name: str,
+        ttl: float = 30.0,
+        backend: Backend | None = None,
+        *,
+        replicas: int = 0,
+        replicas_timeout: float = DEFAULT_REPLICAS_TIMEOUT,
+        aof: bool = False,
+    ) -> None:
+        super().__init__(name, ttl, backend, replicas, replicas_timeout, aof)
 
     def _build_keys(self, backend: Backend) -> tuple[list[str], list[str], str]:
         key, channel = _keys.lock(backend._head(_keys.LOCK_KIND), self.name)
@@ -326,7 +360,7 @@ class Lock(_Resource):
         return bool(await backend._run(_scripts.LOCK_LOCKED, keys, ()) == 1)
 
     def __repr__(self) -> str:
-        return f"<Lock {self.name!r} ttl={self.ttl}>"
+        return f"<Lock {self.name!r} ttl={self.ttl}{confirm.shown(self._replicas)}>"
 
 
 class Semaphore(_Resource):
@@ -344,9 +378,17 @@ class Semaphore(_Resource):
     _extend_script = _scripts.SEMAPHORE_EXTEND
 
     def __init__(
-        self, name: str, limit: int = 5, ttl: float = 30.0, backend: Backend | None = None
+        self,
+        name: str,
+        limit: int = 5,
+        ttl: float = 30.0,
+        backend: Backend | None = None,
+        *,
+        replicas: int = 0,
+        replicas_timeout: float = DEFAULT_REPLICAS_TIMEOUT,
+        aof: bool = False,
     ) -> None:
-        super().__init__(name, ttl, backend)
+        super().__init__(name, ttl, backend, replicas, replicas_timeout, aof)
         self.limit = check_int(limit, "limit")
 
     def _build_keys(self, backend: Backend) -> tuple[list[str], list[str], str]:
@@ -370,7 +412,8 @@ class Semaphore(_Resource):
         return await self.holders() >= self.limit
 
     def __repr__(self) -> str:
-        return f"<Semaphore {self.name!r} limit={self.limit} ttl={self.ttl}>"
+        shown = confirm.shown(self._replicas)
+        return f"<Semaphore {self.name!r} limit={self.limit} ttl={self.ttl}{shown}>"
 
 
 def lock(
@@ -379,6 +422,10 @@ def lock(
     timeout: float | None = None,
     auto_renew: bool = True,
     backend: Backend | None = None,
+    *,
+    replicas: int = 0,
+    replicas_timeout: float = DEFAULT_REPLICAS_TIMEOUT,
+    aof: bool = False,
 ) -> Hold:
     """``async with arl.lock(name) as lease:`` runs the block holding the lock ``name``.
 
@@ -386,8 +433,16 @@ def lock(
     (``None`` forever, ``0`` one try), then ``LockTimeout``. With ``auto_renew`` the lease is
     extended every ttl/3 while the block runs; if it is lost anyway, the block is cancelled
     and ``LockLost`` raised out of the ``async with``.
+
+    ``replicas=N``: every acquire and renewal waits until N replicas have the write
+    (``WAIT``, at most ``replicas_timeout`` seconds, below the backend's ``timeout``);
+    ``aof=True``: until it is in the master's append-only file and N replicas' too
+    (``WAITAOF``, Redis 7.2+). An acquire that is not confirmed gives the lock back and
+    raises ``NotReplicated`` (docs/locks.md says what it guards against and what not).
+    ``ValueError`` on memory://, which has no replicas.
     """
-    return Hold._create(Lock(name, ttl, backend), timeout, auto_renew)
+    lock = Lock(name, ttl, backend, replicas=replicas, replicas_timeout=replicas_timeout, aof=aof)
+    return Hold._create(lock, timeout, auto_renew)
 
 
 def semaphore(
@@ -397,7 +452,14 @@ def semaphore(
     timeout: float | None = None,
     auto_renew: bool = True,
     backend: Backend | None = None,
+    *,
+    replicas: int = 0,
+    replicas_timeout: float = DEFAULT_REPLICAS_TIMEOUT,
+    aof: bool = False,
 ) -> Hold:
     """``async with arl.semaphore(name, limit=5) as lease:`` runs the block as one of at most
-    ``limit`` holders; otherwise exactly like ``lock``."""
-    return Hold._create(Semaphore(name, limit, ttl, backend), timeout, auto_renew)
+    ``limit`` holders; otherwise exactly like ``lock`` (``replicas=`` too)."""
+    resource = Semaphore(
+        name, limit, ttl, backend, replicas=replicas, replicas_timeout=replicas_timeout, aof=aof
+    )
+    return Hold._create(resource, timeout, auto_renew)

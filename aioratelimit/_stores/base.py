@@ -64,7 +64,12 @@ def valkey_errors() -> ClientErrors:
 
 
 class Store(Protocol):
-    """Runs one script atomically, closes, and owns the backend's wake-up subscriber."""
+    """Runs one script atomically, closes, and owns the backend's wake-up subscriber.
+
+    A Redis store also confirms writes (``replicas=``): ``run_confirmed(script, keys, args,
+    replicas)`` answers the script's reply and WAIT's, sent in one write on a connection of
+    their own (``confirm``), and ``confirm_refusal`` says why it cannot (None: it can). The
+    memory store has neither: ``Backend`` refuses the option there."""
 
     #: What a script that wakes waiters publishes with: ``"SPUBLISH"`` on a cluster
     #: (shard-local, heard by the notifier), else ``"PUBLISH"``.

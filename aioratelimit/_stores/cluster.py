@@ -51,6 +51,7 @@ from .._errors import AioRateLimitError
 from .._scripts import Arg, OnCall, Reply, Script
 from .base import DEFAULT_CONNECT_TIMEOUT, observed, translate
 from .cluster_pubsub import ShardedPubSub
+from .confirm import ConfirmPools, Replicas
 from .endpoint import Endpoint, endpoint, tls_options
 from .loops import check_free
 from .notify import Notifier
@@ -131,6 +132,7 @@ class ClusterStore:
     __slots__ = (
         "_adopting",
         "_cluster",
+        "_confirms",
         "_connect_timeout",
         "_gate",
         "_hints",
@@ -146,6 +148,7 @@ class ClusterStore:
         "_refresh",
         "_suspects",
         "_timeout",
+        "confirm_refusal",
     )
 
     #: Scripts publish wake-ups with this command: shard-local on a cluster.
@@ -170,6 +173,9 @@ class ClusterStore:
         # passed in, whose own routing runs every call.
         self._nodes = nodes
         self._links: dict[Address, Link] = {}
+        self._confirms = ConfirmPools(nodes, timeout=timeout, connect_timeout=connect_timeout)
+        #: why ``replicas=`` is refused here: a client passed in routes every call itself
+        self.confirm_refusal = None if nodes else "replicas= on a Redis Cluster needs from_url"
         self._on_call = on_call
         self._gate = Gate(max_calls)
         self._notifier: Notifier | None = None
@@ -190,6 +196,24 @@ class ClusterStore:
         return await observed(
             self._on_call, script, self._call(script, keys, args), lambda: self._server(keys)
         )
+
+    async def run_confirmed(
+        self, script: Script, keys: Sequence[str], args: Sequence[Arg], replicas: Replicas
+    ) -> tuple[Reply, Any]:
+        """The script and WAIT in one write to the master owning ``keys``, on a connection
+        of its own (``confirm``): WAIT then counts that master's replicas."""
+        if self._loop is not _running_loop():
+            self._adopt()
+        try:
+            if not self._ready:
+                await self.ready()
+            node = self._cluster.get_node_from_key(keys[0])
+            where = (node.host, int(node.port))
+            return await self._confirms.run(where, script, keys, args, replicas, self._rediscover)
+        except AioRateLimitError:
+            raise
+        except Exception as exc:
+            raise translate(exc, script) from exc
 
     def _server(self, keys: Sequence[str]) -> str:
         """The master the slot map names for ``keys`` (what ``on_call`` reports)."""
@@ -333,6 +357,7 @@ class ClusterStore:
                 old.close_soon()  # its loop has stopped (closed already, mostly)
             self._gate = Gate(self._gate.size)
             self._links = {}
+            self._confirms.forget()  # (its connections belong to the loop that ended)
             self._ready = False
             self._ready_lock = None
             self._refresh = None
@@ -346,6 +371,7 @@ class ClusterStore:
         links, self._links = self._links, {}
         for link in links.values():
             link.close()
+        self._confirms.clear()
         await asyncio.sleep(0)  # the transports close their sockets on the next loop turn
         client = self._cluster
         with contextlib.suppress(Exception):

@@ -39,6 +39,7 @@ from .base import (
     translate,
     valkey_errors,
 )
+from .confirm import ConfirmPool, Replicas
 from .endpoint import Endpoint, check_server, endpoint
 from .loops import check_free
 from .notify import Notifier
@@ -83,15 +84,17 @@ class _OnClient:
 
 
 class OnLoop:
-    """What a store opened on one event loop: its connection and its gate."""
+    """What a store opened on one event loop: its connection, its gate, and the pool of
+    connections for confirmed writes (``confirm``: made by the first)."""
 
-    __slots__ = ("gate", "keeper", "link", "loop")
+    __slots__ = ("confirms", "gate", "keeper", "link", "loop")
 
     def __init__(self, link: Link, size: int) -> None:
         self.loop = _running_loop()
         self.link = link
         self.gate = Gate(size)
         self.keeper: Keeper | None = None
+        self.confirms: ConfirmPool | None = None
 
 
 class RedisStore(_OnClient):
@@ -174,6 +177,51 @@ class RedisStore(_OnClient):
             on.link.drop(error)
         raise error
 
+    #: What ``Backend`` refuses ``replicas=`` with (None: this store confirms writes).
+    confirm_refusal: str | None = None
+
+    async def run_confirmed(
+        self, script: Script, keys: Sequence[str], args: Sequence[Arg], replicas: Replicas
+    ) -> tuple[Reply, Any]:
+        """The script and WAIT in one write on a connection of the pool for confirmed
+        writes (``confirm``), never the shared wire: WAIT blocks its connection."""
+        on = self._on
+        if on is None or on.loop is not _running_loop():
+            on = self._adopt()
+        pool = on.confirms
+        if pool is None:
+            pool = on.confirms = ConfirmPool(
+                self._where, timeout=self._timeout, connect_timeout=self._connect_timeout
+            )
+        call = self._confirmed(on, pool, script, keys, args, replicas)
+        if self._on_call is None:
+            return await call
+        both: tuple[Reply, Any] = await observed(self._on_call, script, call, self._server)
+        return both
+
+    async def _confirmed(
+        self,
+        on: OnLoop,
+        pool: ConfirmPool,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[Arg],
+        replicas: Replicas,
+    ) -> tuple[Reply, Any]:
+        try:
+            reply, waited = await pool.run(script, keys, args, replicas)
+            if type(reply) is ReplyError:
+                if str(reply).startswith("READONLY"):
+                    on.link.drop(reply)  # demoted: the shared wire finds the master too
+                raise reply
+            return reply, waited
+        except TRANSLATED as exc:
+            raise translate(exc, script) from exc
+
+    async def _where(self) -> Endpoint:
+        """Where a new connection goes: the Sentinel master now, else the endpoint."""
+        return self.endpoint if self._resolve is None else await self._resolve()
+
     async def _observed(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         """``run``, reported to the ``on_call`` hook once it is over."""
         assert self._on_call is not None
@@ -207,6 +255,8 @@ class RedisStore(_OnClient):
         if self._on is on:
             self._on = None  # the next call on this loop (if any) starts afresh
         on.link.close()
+        if on.confirms is not None:
+            on.confirms.clear()
         await asyncio.sleep(0)  # the transport closes its socket on the next loop turn
 
     async def aclose(self) -> None:
@@ -250,6 +300,34 @@ class ClientStore(_OnClient):
             hello = None  # older than 6.2 (6.0 needs HELLO's protocol version)
         check_server(_named(client), hello, await client.execute_command("TIME"))
         self._checked = True
+
+    confirm_refusal: str | None = None
+
+    async def run_confirmed(
+        self, script: Script, keys: Sequence[str], args: Sequence[Arg], replicas: Replicas
+    ) -> tuple[Reply, Any]:
+        """The script and WAIT as one pipeline (one write, on one connection of the
+        client's pool, which WAIT blocks meanwhile)."""
+        client = self._client
+        errors = self._errors
+        try:
+            if not self._checked:
+                await self._check(client)
+            for sha in (True, False):
+                pipe = client.pipeline(transaction=False)
+                if sha:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                else:
+                    pipe.eval(script.source, len(keys), *keys, *args)
+                pipe.execute_command(*replicas.args())
+                reply, waited = await pipe.execute(raise_on_error=False)
+                if not isinstance(reply, errors.noscript):
+                    break
+            if isinstance(reply, BaseException):
+                raise reply
+            return reply, waited
+        except errors.translated as exc:
+            raise translate(exc, script, errors) from exc
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
         client = self._client

@@ -104,6 +104,7 @@ SERVER_CPU_ROWS = {
     "bench_attack": ["plain `FixedWindow`, 64 task(s)"],
     "bench_multikey": ["hit_all", "3 hits, chained"],
     "bench_settle": ["FixedWindow hit", "FixedWindow settle", "TokenBucket reserve + settle"],
+    "bench_replicas": ["plain", "replicas=1"],
     "bench_web": ["RateLimitMiddleware, Redis"],
 }
 

@@ -199,6 +199,7 @@ ERRORS = [
     arl.ResultTooLarge(key="k", size=10, limit=5),
     arl.BackendUnavailable("down"),
     arl.BackendError("NOSCRIPT"),
+    arl.NotReplicated(wanted=2, acknowledged=1, fsynced=True),
 ]
 
 

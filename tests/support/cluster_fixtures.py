@@ -4,9 +4,9 @@
 loopback ports (client and bus ports both chosen free), joins them with ``redis-cli --cluster
 create ... --cluster-replicas 1`` (three masters, one replica each) and waits until every node
 reports ``cluster_state:ok``, all 16384 slots are covered, and every replica is in sync.
-``SentinelDeployment`` starts a master, a replica of it and three sentinels monitoring it
-(quorum 2, down after 1 s, failover timeout 3 s) and waits until the sentinels know the
-replica and each other. Both stop their processes by PID.
+``SentinelDeployment`` starts a master, a replica of it (or ``replicas`` of them) and three
+sentinels monitoring it (quorum 2, down after 1 s, failover timeout 3 s) and waits until the
+sentinels know every replica and each other. Both stop their processes by PID.
 
 The fixtures that start them are wired in conftest.py: the session's shared ``cluster_url``
 and ``sentinel_url`` (started lazily, only when a test asks for one), and the private
@@ -212,22 +212,26 @@ class _Sentinel:
         stop_process(proc)
 
 
-def knows_its_group(client: Callable[[], redis.Redis], service: str) -> bool:
-    """Whether a sentinel (``client()`` opens a connection to it) knows the replica of
-    ``service`` and the two other sentinels: the group has formed, as it sees it."""
+def knows_its_group(client: Callable[[], redis.Redis], service: str, replicas: int = 1) -> bool:
+    """Whether a sentinel (``client()`` opens a connection to it) knows the ``replicas``
+    of ``service`` and the two other sentinels: the group has formed, as it sees it."""
     with client() as admin:
         state = admin.sentinel_master(service)
-    return int(state["num-slaves"]) >= 1 and int(state["num-other-sentinels"]) >= 2
+    return int(state["num-slaves"]) >= replicas and int(state["num-other-sentinels"]) >= 2
 
 
 class SentinelDeployment:
-    """A master, one replica of it, and three sentinels monitoring it with quorum 2."""
+    """A master, one replica of it (``replicas`` of them), and three sentinels monitoring
+    it with quorum 2."""
 
-    def __init__(self) -> None:
+    def __init__(self, replicas: int = 1) -> None:
         self.master = RedisServer(None, "--repl-diskless-sync-delay", "0", kind="sentinel")
-        self.replica = RedisServer(
-            None, "--replicaof", "127.0.0.1", str(self.master.port), kind="sentinel"
-        )
+        #: every replica, the first also as ``replica``
+        self.replicas = [
+            RedisServer(None, "--replicaof", "127.0.0.1", str(self.master.port), kind="sentinel")
+            for _ in range(replicas)
+        ]
+        self.replica = self.replicas[0]
         self.sentinels: list[_Sentinel] = []
 
     @property
@@ -238,11 +242,15 @@ class SentinelDeployment:
     def start(self) -> SentinelDeployment:
         try:
             self.master.start()
-            self.replica.start()
+            for replica in self.replicas:
+                replica.start()
             wait_until(
-                lambda: _info(self.replica.port, "replication").get("master_link_status") == "up",
+                lambda: all(
+                    _info(r.port, "replication").get("master_link_status") == "up"
+                    for r in self.replicas
+                ),
                 FORM_TIMEOUT,
-                "the replica to sync",
+                "the replicas to sync",
             )
             self.sentinels = [_Sentinel(self.master.port) for _ in range(3)]
             for sentinel in self.sentinels:
@@ -256,7 +264,8 @@ class SentinelDeployment:
         return self
 
     def _formed(self) -> bool:
-        return all(knows_its_group(s.client, SERVICE) for s in self.sentinels)
+        wanted = len(self.replicas)
+        return all(knows_its_group(s.client, SERVICE, wanted) for s in self.sentinels)
 
     def master_port(self) -> int:
         """The master's port as the first live sentinel reports it."""
@@ -267,12 +276,16 @@ class SentinelDeployment:
         raise RuntimeError("no sentinel answered")
 
     def servers(self) -> list[RedisServer]:
-        return [self.master, self.replica]
+        return [self.master, *self.replicas]
+
+    def server(self, port: int) -> RedisServer:
+        """The data server on ``port`` (the master's role moves between them)."""
+        return next(s for s in self.servers() if s.port == port)
 
     def stop(self) -> None:
         for sentinel in self.sentinels:
             sentinel.stop()
-        for server in (self.master, self.replica):
+        for server in self.servers():
             with contextlib.suppress(Exception):
                 if server.proc is not None and server.proc.poll() is None:
                     server.resume()
