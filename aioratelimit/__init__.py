@@ -29,6 +29,7 @@ from ._limits.failure import Breaker, BreakerListener, Fallback, OnUnavailable
 from ._limits.limiter import Admission, Limiter
 from ._locks.lease import Hold, Lease
 from ._locks.lock import Lock, Semaphore, lock, semaphore
+from ._locks.rwlock import ReadWriteLock, RWState
 from ._observe import Recorder, set_recorder
 from ._rates import Decision, Rate, RateLike
 from ._scripts import OnCall, ScriptCall
@@ -56,9 +57,11 @@ __all__ = [
     "LockTimeout",
     "OnCall",
     "OnUnavailable",
+    "RWState",
     "Rate",
     "RateLike",
     "RateLimited",
+    "ReadWriteLock",
     "Recorder",
     "ResultNotStored",
     "ResultTooLarge",

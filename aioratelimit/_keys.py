@@ -98,6 +98,7 @@ TOKEN_KIND = "tok"
 IDEMPOTENCY_KIND = "idem"
 LOCK_KIND = "lock"
 SEMAPHORE_KIND = "sem"
+RWLOCK_KIND = "rw"
 
 
 def token(tok_head: str, digest: str) -> str:
@@ -119,6 +120,17 @@ def lock(lock_head: str, name: str) -> tuple[str, str]:
 def semaphore(sem_head: str, name: str) -> tuple[str, str, str]:
     """A semaphore's holders (ZSET), its fences (HASH) and its wake-up channel (one tag)."""
     return tagged(sem_head, name), tagged(sem_head, name, ":fence"), tagged(sem_head, name, ":wake")
+
+
+def rwlock(rw_head: str, name: str) -> tuple[list[str], str]:
+    """A read/write lock's holders (ZSET), fences (HASH) and waiting writers' intents (ZSET),
+    and its wake-up channel (one tag)."""
+    keys = [
+        tagged(rw_head, name),
+        tagged(rw_head, name, ":fence"),
+        tagged(rw_head, name, ":intent"),
+    ]
+    return keys, tagged(rw_head, name, ":wake")
 
 
 # -- the deployment's secret ---------------------------------------------------------------

@@ -85,6 +85,9 @@ class _Resource:
     _acquire_script: Script
     _release_script: Script
     _extend_script: Script
+    #: a refused try leaves a mark that must go when it gives up (a writer's intent): a
+    #: timed-out or cancelled wait is followed by a release of its token, as a failed try is
+    _withdraw = False
 
     def __init__(self, name: str, ttl: float, backend: Backend | None) -> None:
         self.name = check_key(name, "name")
@@ -120,7 +123,8 @@ class _Resource:
             cache = self._cache = (backend, names)
         return cache[1]
 
-    def _acquire_args(self, token: str, ttl_ms: int) -> tuple[Arg, ...]:
+    def _acquire_args(self, token: str, ttl_ms: int, waits: bool) -> tuple[Arg, ...]:
+        """The acquire script's arguments; ``waits``: not a single try (timeout=0)."""
         return (token, ttl_ms)
 
     def _line_limit(self) -> int:
@@ -145,7 +149,7 @@ class _Resource:
         names = self._names(backend)
         token = _keys.new_token()
         ttl = self.ttl
-        args = self._acquire_args(token, to_ms(ttl))
+        args = self._acquire_args(token, to_ms(ttl), timeout != 0)
         base = cancels()
         loop = asyncio.get_running_loop()
         # The bound of the whole call (see the module): None waits as long as it takes. It
@@ -170,6 +174,12 @@ class _Resource:
                 f"Redis did not answer in time: acquiring {self.name!r} took over"
                 f" timeout + the backend's timeout ({timeout} + {backend.timeout} s)"
             ) from exc
+        except (LockTimeout, asyncio.CancelledError):
+            if self._withdraw and timeout != 0:
+                # Gave up waiting: take back the mark its refused tries left (shielded,
+                # within the backend's timeout; the mark's own TTL covers the rest).
+                await finish_within(self._cleanup(backend, names, token), backend.timeout)
+            raise
         return Lease._create(backend, names, token, int(reply[1]), ttl, sent)
 
     async def _attempt(
@@ -353,7 +363,7 @@ class Semaphore(_Resource):
         holders, fences, channel = _keys.semaphore(backend._head(_keys.SEMAPHORE_KIND), self.name)
         return [holders, fences], [holders, fences], channel
 
-    def _acquire_args(self, token: str, ttl_ms: int) -> tuple[Arg, ...]:
+    def _acquire_args(self, token: str, ttl_ms: int, waits: bool) -> tuple[Arg, ...]:
         return (token, ttl_ms, self.limit)
 
     def _line_limit(self) -> int:
@@ -379,15 +389,19 @@ def lock(
     timeout: float | None = None,
     auto_renew: bool = True,
     backend: Backend | None = None,
+    *,
+    max_hold: float | None = None,
 ) -> Hold:
     """``async with arl.lock(name) as lease:`` runs the block holding the lock ``name``.
 
     ``ttl``: seconds the lock lives without renewal. ``timeout``: seconds to wait for it
     (``None`` forever, ``0`` one try), then ``LockTimeout``. With ``auto_renew`` the lease is
     extended every ttl/3 while the block runs; if it is lost anyway, the block is cancelled
-    and ``LockLost`` raised out of the ``async with``.
+    and ``LockLost`` raised out of the ``async with``. ``max_hold``: seconds after which
+    renewal stops and the block is cancelled (``LockLost``) and the lock released, however
+    long the block would run (``None``: no bound; needs ``auto_renew``).
     """
-    return Hold._create(Lock(name, ttl, backend), timeout, auto_renew)
+    return Hold._create(Lock(name, ttl, backend), timeout, auto_renew, max_hold)
 
 
 def semaphore(
@@ -397,7 +411,9 @@ def semaphore(
     timeout: float | None = None,
     auto_renew: bool = True,
     backend: Backend | None = None,
+    *,
+    max_hold: float | None = None,
 ) -> Hold:
     """``async with arl.semaphore(name, limit=5) as lease:`` runs the block as one of at most
-    ``limit`` holders; otherwise exactly like ``lock``."""
-    return Hold._create(Semaphore(name, limit, ttl, backend), timeout, auto_renew)
+    ``limit`` holders; otherwise exactly like ``lock`` (``max_hold`` too)."""
+    return Hold._create(Semaphore(name, limit, ttl, backend), timeout, auto_renew, max_hold)

@@ -41,6 +41,9 @@ from . import (
     ratelimit as memory_ratelimit,
 )
 from . import (
+    rwlock as memory_rwlock,
+)
+from . import (
     server as memory_server,
 )
 from .keyspace import Keyspace
@@ -52,6 +55,7 @@ TWIN_MODULES: tuple[ModuleType, ...] = (
     memory_ratelimit,
     memory_penalties,
     memory_locks,
+    memory_rwlock,
     memory_idempotency,
     memory_server,
 )
@@ -105,6 +109,8 @@ _CREATES: dict[str, Callable[[Sequence[Arg]], int]] = {
     "lock_release": lambda args: 1,
     "semaphore_acquire": lambda args: 2,
     "semaphore_release": lambda args: 1,
+    "rwlock_acquire": lambda args: 3,
+    "rwlock_release": lambda args: 1,
     "token_issue": lambda args: 1,
     "idem_claim": lambda args: 1,
 }
