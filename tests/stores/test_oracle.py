@@ -66,6 +66,7 @@ from aioratelimit import _keys
 from aioratelimit._cli import admin as _admin
 from aioratelimit._idempotency.store import Claimed, IdempotencyStore, _fingerprint
 from aioratelimit._idempotency.tokens import _subject
+from aioratelimit._locks import rwlock as _rwlock
 from aioratelimit._scripts import HELPERS, SCRIPTS, Arg, Reply, Script
 from aioratelimit._stores.memory.keyspace import Keyspace, expired
 from aioratelimit._stores.memory.locks import PRUNE_MAX
@@ -145,6 +146,7 @@ FIXED = ((R1,), (R4,), (R3, R4), (R2, R5, R6))
 SLIDING = ((1, (R3,)), (3, (R4,)), (3, (R2, R4)), (10, (R1,)), (1000, (R5, R1)))
 BUCKETS = (R1, 1), (R3, 2), (R4, 5), (R5, 2)
 LOCK_NAMES = ("L1", "L2")
+RW_NAMES = ("RW1",)
 SEM_NAMES = ("S1", "S2")
 #: _keys.new_token(): 22 URL-safe characters, never ':' or '~'
 TOKENS = ("AAAAAAAAAAAAAAAAAAAAAA", "Bb-_0123456789abcdefgh", "zzzzzzzzzzzzzzzzzzzzz9")
@@ -214,6 +216,10 @@ def semaphore_names(name: str) -> tuple[str, str, str]:
     return _keys.semaphore(head(_keys.SEMAPHORE_KIND), name)
 
 
+def rw_names(name: str) -> tuple[list[str], str]:
+    return _keys.rwlock(head(_keys.RWLOCK_KIND), name)
+
+
 def token_key(digest: str) -> str:
     return _keys.token(head(_keys.TOKEN_KIND), digest)
 
@@ -257,13 +263,16 @@ State = tuple[bytes, Any, int] | None
 #: the type of every key a script writes, by the kind in its name (``oracle:<kind>:...``)
 TYPES = {"fw": b"string", "tb": b"string", "sw": b"hash", "lock": b"string", "tok": b"string"}
 TYPES.update({"idem": b"hash", "sem": b"zset", "sem-fence": b"hash", "doctor": b"string"})
+TYPES.update({"rw": b"zset", "rw-fence": b"hash"})
 
 
 def key_type(key: str) -> bytes:
     kind = key.split(":")[1]
     if key.endswith("}:block"):  # a limiter's block (``_keys.block``)
         return b"string"
-    return TYPES["sem-fence" if kind == "sem" and key.endswith(":fence") else kind]
+    if kind in ("sem", "rw") and key.endswith(":fence"):
+        return TYPES[f"{kind}-fence"]
+    return TYPES[kind]
 
 
 def lua_states(client: fakeredis.FakeRedis, keys: Sequence[str]) -> list[State]:
@@ -487,6 +496,22 @@ def semaphore_calls() -> st.SearchStrategy[Call]:
             extend.append(Call("semaphore_extend", keys, (token, ms)))
             release += [Call("semaphore_release", keys, (token, ms, channel, p)) for p in PUBLISH]
     return weighted((acquire, 3), (release, 2), (extend, 2), (holders, 1))
+
+
+def rwlock_calls() -> st.SearchStrategy[Call]:
+    """Read/write locks: reads, writes (waiting, recording an intent, or trying once),
+    releases (a writer giving up too), the semaphore's extend on the same keys, and state."""
+    acquire, release, extend, state = [], [], [], []
+    for name in RW_NAMES:
+        names, channel = rw_names(name)
+        keys = tuple(names)
+        state.append(Call("rwlock_state", keys, ()))
+        for token, ms in product(TOKENS, TTLS_MS):
+            acquire.append(Call("rwlock_acquire", keys, (token, ms, "r", 0)))
+            acquire += [Call("rwlock_acquire", keys, (token, ms, "w", i)) for i in (0, 5, 3000)]
+            extend.append(Call("semaphore_extend", keys, (token, ms)))
+            release += [Call("rwlock_release", keys, (token, ms, channel, p)) for p in PUBLISH]
+    return weighted((acquire, 4), (release, 2), (extend, 1), (state, 1))
 
 
 def token_calls() -> st.SearchStrategy[Call]:
@@ -788,6 +813,21 @@ class Semaphores(Oracle):
         self.call(call)
 
 
+class ReadWriteLocks(Oracle):
+    """Read/write lock acquisitions in both modes, intents, releases and ``state``."""
+
+    branches: ClassVar[dict[str, set[int]]] = {
+        "rwlock_acquire": {0, 1},
+        "rwlock_release": {0, 1, 2},
+        "rwlock_state": {0, 1},
+    }
+
+    @rule(move=MOVES, call=rwlock_calls())
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
 class OneShotTokens(Oracle):
     """One-shot tokens: ``issue_token`` and ``consume_token``."""
 
@@ -836,6 +876,7 @@ MACHINES = [
     TokenBuckets,
     Locks,
     Semaphores,
+    ReadWriteLocks,
     OneShotTokens,
     Idempotency,
     ServerChecks,
@@ -847,6 +888,7 @@ EXAMPLES = {machine: 15 for machine in MACHINES} | {
     SlidingWindows: 30,
     TokenBuckets: 30,
     Locks: 20,
+    ReadWriteLocks: 20,
     Idempotency: 30,
     OneShotTokens: 10,
     ServerChecks: 3,
@@ -1110,6 +1152,24 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     expect("semaphore_release", [holders, fences], (token, 2, channel, "PUBLISH"))
     await _admin.semaphore_state(sem)
     expect("semaphore_list", [holders, fences], ())
+
+    rw = arl.ReadWriteLock("RW1", ttl=0.005, backend=backend)
+    lease = await rw.acquire_read(timeout=0)
+    token = str(calls[-1][2][0])
+    await lease.extend()
+    await lease.release()
+    lease = await rw.acquire_write(timeout=0)
+    second = str(calls[-1][2][0])
+    await lease.release()
+    await rw.state()
+    names, channel = rw_names("RW1")
+    expect("rwlock_acquire", names, (token, 5, "r", 0))
+    expect("semaphore_extend", names, (token, 5))
+    expect("rwlock_release", names, (token, 5, channel, "PUBLISH"))
+    expect("rwlock_acquire", names, (second, 5, "w", 0))
+    expect("rwlock_release", names, (second, 5, channel, "PUBLISH"))
+    expect("rwlock_state", names, ())
+    assert _rwlock.INTENT_TTL == 3.0  # (a waiting writer's intent in the oracle: 3000 ms)
 
     one_shot = await arl.issue_token(ttl=0.0025, subject="alice", backend=backend)
     await arl.consume_token(one_shot, "bob", backend=backend)

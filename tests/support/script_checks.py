@@ -39,6 +39,7 @@ KEY_ARGS = {
     "ZRANGEBYSCORE": "first",
     "ZREVRANGEBYSCORE": "first",
     "ZREM": "first",
+    "ZREMRANGEBYSCORE": "first",
     "ZSCORE": "first",
     "TIME": "none",
     "PUBLISH": "none",  # a channel, not a key (under the prefix: the ACL's &arl:*)
