@@ -27,6 +27,7 @@ from ._idempotency.tokens import consume_token, consumes_token, issue_token
 from ._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
 from ._limits.failure import Breaker, BreakerListener, Fallback, OnUnavailable
 from ._limits.limiter import Admission, Limiter
+from ._locks.fair import FairLock, fair_lock
 from ._locks.lease import Hold, Lease
 from ._locks.lock import Lock, Semaphore, lock, semaphore
 from ._locks.rwlock import ReadWriteLock, RWState
@@ -44,6 +45,7 @@ __all__ = [
     "Breaker",
     "BreakerListener",
     "Decision",
+    "FairLock",
     "Fallback",
     "FixedWindow",
     "Hold",
@@ -75,6 +77,7 @@ __all__ = [
     "configure",
     "consume_token",
     "consumes_token",
+    "fair_lock",
     "get_backend",
     "idempotent",
     "issue_token",

@@ -99,6 +99,7 @@ IDEMPOTENCY_KIND = "idem"
 LOCK_KIND = "lock"
 SEMAPHORE_KIND = "sem"
 RWLOCK_KIND = "rw"
+FAIR_KIND = "fair"
 
 
 def token(tok_head: str, digest: str) -> str:
@@ -120,6 +121,13 @@ def lock(lock_head: str, name: str) -> tuple[str, str]:
 def semaphore(sem_head: str, name: str) -> tuple[str, str, str]:
     """A semaphore's holders (ZSET), its fences (HASH) and its wake-up channel (one tag)."""
     return tagged(sem_head, name), tagged(sem_head, name, ":fence"), tagged(sem_head, name, ":wake")
+
+
+def fair(fair_head: str, name: str) -> tuple[list[str], str]:
+    """A fair lock's key, its queue of waiters (ZSET) and their heartbeats (ZSET), and the
+    prefix of its waiters' wake-up channels (one tag; a waiter's is the prefix + its token)."""
+    lock, queue = tagged(fair_head, name), tagged(fair_head, name, ":queue")
+    return [lock, queue, tagged(fair_head, name, ":beat")], tagged(fair_head, name, ":wake:")
 
 
 def rwlock(rw_head: str, name: str) -> tuple[list[str], str]:

@@ -213,6 +213,12 @@ RWLOCK_ACQUIRE = _load("rwlock_acquire", after="semaphore_common")
 RWLOCK_RELEASE = _load("rwlock_release", after="semaphore_common", repeatable=True)
 #: ``{readers, writer_fence, writer_ttl_ms, waiting_writers}``; reads only
 RWLOCK_STATE = _load("rwlock_state")
+#: A fair lock: a lock's value plus a queue of waiters and their heartbeats
+#: (``{1, fence}`` / ``{0, wait_ms}``; a release answers ``Released``; extends are
+#: ``LOCK_EXTEND``, which reads the first key only).
+FAIR_ACQUIRE = _load("fair_acquire")
+FAIR_RELEASE = _load("fair_release", repeatable=True)
+FAIR_STATE = _load("fair_state")  # {held 1/0, fence, pttl_ms, waiters}; reads only
 
 # What an operator reads and forces (``aioratelimit inspect``, ``reset --force``, ``doctor``).
 LOCK_HOLDER = _load("lock_holder")  # {held 1/0, fence, pttl_ms}; reads only
