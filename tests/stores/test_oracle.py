@@ -147,6 +147,9 @@ SLIDING = ((1, (R3,)), (3, (R4,)), (3, (R2, R4)), (10, (R1,)), (1000, (R5, R1)))
 BUCKETS = (R1, 1), (R3, 2), (R4, 5), (R5, 2)
 LOCK_NAMES = ("L1", "L2")
 RW_NAMES = ("RW1",)
+FAIR_NAMES = ("F1",)
+#: a fair waiter's heartbeat (ms; 0: a single try, which never queues)
+BEATS_MS = (0, 3, 60, 3000)
 SEM_NAMES = ("S1", "S2")
 #: _keys.new_token(): 22 URL-safe characters, never ':' or '~'
 TOKENS = ("AAAAAAAAAAAAAAAAAAAAAA", "Bb-_0123456789abcdefgh", "zzzzzzzzzzzzzzzzzzzzz9")
@@ -220,6 +223,10 @@ def rw_names(name: str) -> tuple[list[str], str]:
     return _keys.rwlock(head(_keys.RWLOCK_KIND), name)
 
 
+def fair_names(name: str) -> tuple[list[str], str]:
+    return _keys.fair(head(_keys.FAIR_KIND), name)
+
+
 def token_key(digest: str) -> str:
     return _keys.token(head(_keys.TOKEN_KIND), digest)
 
@@ -263,7 +270,7 @@ State = tuple[bytes, Any, int] | None
 #: the type of every key a script writes, by the kind in its name (``oracle:<kind>:...``)
 TYPES = {"fw": b"string", "tb": b"string", "sw": b"hash", "lock": b"string", "tok": b"string"}
 TYPES.update({"idem": b"hash", "sem": b"zset", "sem-fence": b"hash", "doctor": b"string"})
-TYPES.update({"rw": b"zset", "rw-fence": b"hash"})
+TYPES.update({"rw": b"zset", "rw-fence": b"hash", "fair": b"string", "fair-queue": b"zset"})
 
 
 def key_type(key: str) -> bytes:
@@ -272,6 +279,8 @@ def key_type(key: str) -> bytes:
         return b"string"
     if kind in ("sem", "rw") and key.endswith(":fence"):
         return TYPES[f"{kind}-fence"]
+    if kind == "fair" and key.endswith(("}:queue", "}:beat")):
+        return TYPES["fair-queue"]
     return TYPES[kind]
 
 
@@ -511,6 +520,22 @@ def rwlock_calls() -> st.SearchStrategy[Call]:
             acquire += [Call("rwlock_acquire", keys, (token, ms, "w", i)) for i in (0, 5, 3000)]
             extend.append(Call("semaphore_extend", keys, (token, ms)))
             release += [Call("rwlock_release", keys, (token, ms, channel, p)) for p in PUBLISH]
+    return weighted((acquire, 4), (release, 2), (extend, 1), (state, 1))
+
+
+def fair_calls() -> st.SearchStrategy[Call]:
+    """Fair locks: tries and waits (queueing, heartbeats), releases (a waiter giving up
+    too), the lock's extend and ``locked`` on the same key, and state."""
+    acquire, release, extend, state = [], [], [], []
+    for name in FAIR_NAMES:
+        names, channel = fair_names(name)
+        keys = tuple(names)
+        state.append(Call("fair_state", keys, ()))
+        state.append(Call("lock_locked", keys[:1], ()))
+        for token, ms in product(TOKENS, TTLS_MS):
+            acquire += [Call("fair_acquire", keys, (token, ms, beat)) for beat in BEATS_MS]
+            extend.append(Call("lock_extend", keys, (token, ms)))
+            release += [Call("fair_release", keys, (token, ms, channel, p)) for p in PUBLISH]
     return weighted((acquire, 4), (release, 2), (extend, 1), (state, 1))
 
 
@@ -828,6 +853,21 @@ class ReadWriteLocks(Oracle):
         self.call(call)
 
 
+class FairLocks(Oracle):
+    """Fair lock tries, waits, releases, extensions and ``state``."""
+
+    branches: ClassVar[dict[str, set[int]]] = {
+        "fair_acquire": {0, 1},
+        "fair_release": {-1, 0, 1, 2},
+        "fair_state": {0, 1},
+    }
+
+    @rule(move=MOVES, call=fair_calls())
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
 class OneShotTokens(Oracle):
     """One-shot tokens: ``issue_token`` and ``consume_token``."""
 
@@ -877,6 +917,7 @@ MACHINES = [
     Locks,
     Semaphores,
     ReadWriteLocks,
+    FairLocks,
     OneShotTokens,
     Idempotency,
     ServerChecks,
@@ -889,6 +930,7 @@ EXAMPLES = {machine: 15 for machine in MACHINES} | {
     TokenBuckets: 30,
     Locks: 20,
     ReadWriteLocks: 20,
+    FairLocks: 20,
     Idempotency: 30,
     OneShotTokens: 10,
     ServerChecks: 3,
@@ -1169,6 +1211,18 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     expect("rwlock_acquire", names, (second, 5, "w", 0))
     expect("rwlock_release", names, (second, 5, channel, "PUBLISH"))
     expect("rwlock_state", names, ())
+
+    fair = arl.FairLock("F1", ttl=0.005, backend=backend, heartbeat=0.06)
+    lease = await fair.acquire(timeout=0)
+    token = str(calls[-1][2][0])
+    await lease.extend()
+    await lease.release()
+    await fair.waiters()
+    names, channel = fair_names("F1")
+    expect("fair_acquire", names, (token, 5, 0))
+    expect("lock_extend", names, (token, 5))
+    expect("fair_release", names, (token, 5, channel, "PUBLISH"))
+    expect("fair_state", names, ())
     assert _rwlock.INTENT_TTL == 3.0  # (a waiting writer's intent in the oracle: 3000 ms)
 
     one_shot = await arl.issue_token(ttl=0.0025, subject="alice", backend=backend)
