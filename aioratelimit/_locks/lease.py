@@ -268,7 +268,8 @@ def _withdraw_cancel(task: asyncio.Task[Any]) -> bool:
 
 
 class Acquirable(Protocol):
-    """What ``Hold`` acquires: a ``Lock`` or a ``Semaphore``."""
+    """What ``Hold`` acquires: a ``Lock``, a ``Semaphore``, a ``FairLock`` or one side of a
+    ``ReadWriteLock``."""
 
     async def acquire(self, timeout: float | None = None) -> Lease: ...
 
@@ -276,7 +277,8 @@ class Acquirable(Protocol):
 class Hold(metaclass=NoPublicConstructor):
     """``async with arl.lock(...) as lease`` / ``arl.semaphore(...)``: acquire on entry,
     renew while the block runs, release on exit; a lost lease ends the block with
-    ``LockLost``. Made by ``arl.lock`` and ``arl.semaphore`` (``Hold._create``)."""
+    ``LockLost``; past ``max_hold`` too. Made by ``arl.lock``, ``arl.semaphore``,
+    ``arl.fair_lock`` and ``ReadWriteLock.read``/``write`` (``Hold._create``)."""
 
     __slots__ = (
         "_auto_renew",
