@@ -2,12 +2,15 @@
 
 A ``ReadWriteLock`` is a description, as a ``Lock`` is; its two sides are ``_Resource``s
 (``lock``) on the same keys (``lua/rwlock_*.lua``: a semaphore's holders and fences, and the
-waiting writers' intents), so acquiring, waiting, renewal, wake-ups and cancellation work as
-they do for a lock. Each side waits in a line of its own in this process: readers try at once
-beside one another whenever nobody of theirs waits (as semaphore acquires do), and after a
-writer the readers waiting here go in one after the other, each trying as soon as the one
-before got in, without waiting for a release; a writer waits in the writers' line, whose head
-alone asks the server.
+waiting writers' intents), so acquiring, renewal, wake-ups and cancellation work as they do
+for a lock. Writers wait in a line in this process as a lock's waiters do (only its head
+asks the server). Readers
+never queue behind each other: a reader tries at once, beside any other; refused (a writer
+holds it or waits), it waits at the process's reader gate (``_Gate``), where one reader
+sleeps on the wake-up channel for all of them, and when a writer leaves (a release says
+``WRITER_LEFT``) every reader waiting there tries at once, side by side. A reader's release
+wakes no reader (it cannot let one in), so readers waiting for a writer cost the server
+one try per fallback timer, not one per release.
 
 Writer-preferring: a writer refused because the lock is held records its intent (renewed at
 every try, which comes at least every ``FALLBACK_WAIT``), and no new reader gets in while an
@@ -27,14 +30,20 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import weakref
+from collections.abc import Hashable, Sequence
 from typing import Any, NamedTuple
 
 from .. import _keys, _scripts
+from .._aio import cancel_requested
 from .._args import check_timeout, to_ms
 from .._backend import Backend, get_backend
-from .._scripts import Arg
-from .lease import _HELD, Hold, Lease
-from .lock import FALLBACK_WAIT, _Resource
+from .._errors import LockTimeout
+from .._scripts import Arg, Reply
+from .._stores.notify import Notifier
+from .._stores.subscription import Subscription
+from .lease import _HELD, Hold, Lease, Names
+from .lock import FALLBACK_WAIT, _Resource, _wait_time
 
 #: The least a waiting writer's intent lives without a try (seconds): a head retries at
 #: least every ``FALLBACK_WAIT``, so three of them cover a retry delayed by a slow call.
@@ -93,14 +102,172 @@ class _ReadSide(_Side):
     __slots__ = ()
     _exclusive = False
 
-    def _line_limit(self) -> int:
-        return -1  # (its own line, apart from the writers')
+    async def _wait(
+        self,
+        backend: Backend,
+        names: Names,
+        args: Sequence[Arg],
+        timeout: float | None,
+        base: int,
+        limit: float | None,
+        bound: asyncio.Timeout,
+    ) -> tuple[float, Reply]:
+        """Try at once, beside any other reader; refused (a writer holds it or waits), wait
+        at the process's reader gate (``_Gate``) and try again each time it opens, until
+        admitted or ``timeout`` has passed. ``bound`` (ending at ``limit``) is armed while
+        it talks to the server."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        bound.reschedule(limit)
+        sent = loop.time()
+        reply = await self._attempt(backend, names, args, base, limit)
+        if reply[0] == 1:
+            return sent, reply
+        gate = _gate(backend._notifier, names.channel)
+        gate.waiting += 1
+        try:
+            while True:
+                if gate.leader is None:
+                    # The gate's one sleeper: subscribed (confirmed before its next try), it
+                    # tries on its fallback timer and opens the gate for all when a writer
+                    # leaves (or its own try got in).
+                    gate.leader = me = asyncio.current_task()
+                    try:
+                        if not gate.subscribed:
+                            await gate.sub.__aenter__()
+                            gate.subscribed = True
+                        sent, reply = await self._lead(backend, names, args, base, limit, deadline)
+                    finally:
+                        # In (the others try now), out of time, cancelled or failed: the
+                        # others try, and one of those still refused takes over.
+                        if gate.leader is me:
+                            gate.leader = None
+                        gate.open()
+                    if reply[0] == 1:
+                        return sent, reply
+                    raise LockTimeout(name=self.name, timeout=timeout)
+                bound.reschedule(None)
+                if not await gate.wait(deadline):
+                    raise LockTimeout(name=self.name, timeout=timeout)
+                cancel_requested(base)
+                bound.reschedule(limit)
+                sent = loop.time()
+                reply = await self._attempt(backend, names, args, base, limit)
+                if reply[0] == 1:
+                    return sent, reply
+        finally:
+            gate.leave()
+
+    async def _lead(
+        self,
+        backend: Backend,
+        names: Names,
+        args: Sequence[Arg],
+        base: int,
+        limit: float | None,
+        deadline: float | None,
+    ) -> tuple[float, Reply]:
+        """The leader's loop: try, then sleep until a writer's release (``WRITER_LEFT``)
+        opens the gate or the fallback timer ends; its reply when it got in, or the last
+        refusal once ``deadline`` has passed."""
+        loop = asyncio.get_running_loop()
+        gate = _gate(backend._notifier, names.channel)
+        while True:
+            sent = loop.time()
+            reply = await self._attempt(backend, names, args, base, limit)
+            if reply[0] == 1:
+                return sent, reply
+            wake = loop.time() + _wait_time(int(reply[1]))
+            while True:
+                end = wake if deadline is None else min(wake, deadline)
+                now = loop.time()
+                if end <= now:
+                    break
+                if await gate.sub.wait(end - now) and gate.sub.message == WRITER_LEFT:
+                    gate.open()  # every reader waiting here may get in: all try at once
+                    break
+            cancel_requested(base)
+            if deadline is not None and loop.time() >= deadline:
+                return sent, reply
 
 
 class _WriteSide(_Side):
     __slots__ = ()
     _exclusive = True
     _withdraw = True
+
+
+#: What a release publishes when a writer (or a waiting writer's intent) left: only then
+#: may readers refused before get in (a reader's release publishes nothing else).
+WRITER_LEFT = b"w"
+
+
+class _Gate:
+    """The readers of one rw lock waiting in this process: one of them (the leader) sleeps
+    on the wake-up channel and tries on its fallback timer; when a writer leaves (or the
+    leader got in) it opens the gate and every reader waiting here tries at once, side by
+    side, instead of one after another. A reader's release wakes no reader (its message
+    is not ``WRITER_LEFT``): the waiters then send nothing."""
+
+    __slots__ = ("_gates", "_key", "_opened", "leader", "sub", "subscribed", "waiting")
+
+    def __init__(self, gates: dict[Hashable, _Gate], key: Hashable, sub: Subscription) -> None:
+        self._gates = gates
+        self._key = key
+        self.sub = sub
+        self.subscribed = False
+        #: the reader that sleeps on ``sub`` (None: the next to wait takes over)
+        self.leader: asyncio.Task[Any] | None = None
+        self.waiting = 0
+        self._opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def open(self) -> None:
+        """Let every reader waiting at the gate try (a new gate for the next round)."""
+        opened = self._opened
+        self._opened = asyncio.get_running_loop().create_future()
+        opened.set_result(None)
+
+    async def wait(self, deadline: float | None) -> bool:
+        """Wait for the gate to open (True), or until the loop time ``deadline`` (False)."""
+        opened = self._opened
+        if deadline is None:
+            await opened
+            return True
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            return False
+        done, _ = await asyncio.wait([opened], timeout=left)
+        return bool(done)
+
+    def leave(self) -> None:
+        self.waiting -= 1
+        if self.waiting == 0:
+            if self.subscribed:
+                self.subscribed = False
+                self.sub.close()
+            if self._gates.get(self._key) is self:
+                del self._gates[self._key]
+
+    def __repr__(self) -> str:
+        return f"<reader gate {self.sub.channel!r} waiting={self.waiting}>"
+
+
+#: per event loop: (notifier, channel) -> its reader gate
+_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Hashable, _Gate]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _gate(notifier: Notifier, channel: str) -> _Gate:
+    loop = asyncio.get_running_loop()
+    gates = _gates.get(loop)
+    if gates is None:
+        gates = _gates[loop] = {}
+    key = (notifier, channel)
+    found = gates.get(key)
+    if found is None:
+        found = gates[key] = _Gate(gates, key, notifier.subscribe(channel))
+    return found
 
 
 class RWState(NamedTuple):

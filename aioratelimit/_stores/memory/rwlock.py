@@ -92,9 +92,12 @@ def rwlock_release(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: 
     token, tomb_ms, channel = str(args[0]), int(args[1]), str(args[2])
     now_ms = now // 1000
     _prune(ks, keys, now)
+    message = ""
     intents: dict[str, int] | None = ks.get(keys[2], now)
-    if intents is not None and intents.pop(token, None) is not None and not intents:
-        ks.delete(keys[2], now)
+    if intents is not None and intents.pop(token, None) is not None:
+        message = "w"
+        if not intents:
+            ks.delete(keys[2], now)
     holders: Holders | None = ks.get(keys[0], now)
     score = _score(holders, token)
     if score < -now_ms:
@@ -109,10 +112,11 @@ def rwlock_release(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: 
         fences.pop(token, None)
         if fences.get("w") == token:
             del fences["w"]
+            message = "w"
         if not fences:
             ks.delete(keys[1], now)
     _expire_at_latest(ks, keys, now)
-    ks.publish(channel, "")
+    ks.publish(channel, message)
     return code
 
 
