@@ -225,16 +225,15 @@ class _Gate:
         """Let every reader waiting at the gate try (a new gate for the next round)."""
         opened = self._opened
         self._opened = asyncio.get_running_loop().create_future()
-        opened.set_result(None)
+        if not opened.done():
+            opened.set_result(None)
 
     async def wait(self, deadline: float | None) -> bool:
         """Wait for the gate to open (True), or until the loop time ``deadline`` (False)."""
+        # (asyncio.wait: a waiter cancelled here must not cancel the future all share)
         opened = self._opened
-        if deadline is None:
-            await opened
-            return True
-        left = deadline - asyncio.get_running_loop().time()
-        if left <= 0:
+        left = None if deadline is None else deadline - asyncio.get_running_loop().time()
+        if left is not None and left <= 0:
             return False
         done, _ = await asyncio.wait([opened], timeout=left)
         return bool(done)

@@ -167,6 +167,28 @@ async def test_a_cancelled_or_timed_out_writer_withdraws_its_intent(
     await delete(backend, key)
 
 
+async def test_random_cancellations_leave_nothing_behind(backend: arl.Backend, key: str) -> None:
+    """120 reads and writes, waiting and holding, cancelled at random moments: afterwards
+    nobody holds it, no writer's intent is left, and a writer gets it at once."""
+    rw = arl.ReadWriteLock(key, ttl=30, backend=backend)
+    rng = random.Random(key)
+
+    async def use(write: bool) -> None:
+        async with rw.write() if write else rw.read():
+            await asyncio.sleep(rng.random() / 200)
+
+    for _ in range(6):
+        tasks = [asyncio.create_task(use(rng.random() < 0.3)) for _ in range(20)]
+        await asyncio.sleep(rng.random() / 100)
+        for task in tasks:
+            if rng.random() < 0.6:
+                task.cancel()
+        ended = await asyncio.gather(*tasks, return_exceptions=True)
+        assert [e for e in ended if not isinstance(e, (type(None), asyncio.CancelledError))] == []
+        assert await rw.state() == arl.RWState(0, 0, None, 0)
+    await (await rw.acquire_write(timeout=0)).release()
+
+
 async def test_a_vanished_writers_intent_expires(backend: arl.Backend, key: str) -> None:
     """A writer that records its intent and is never heard from again (a crashed process)
     stops new readers only until its intent expires."""
