@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import random
 import signal
 import sys
 from typing import Any
@@ -113,6 +114,29 @@ async def test_a_cancelled_waiter_leaves_the_queue_at_once(backend: arl.Backend,
     await holder.release()
     await release_in_turn([tasks[0], tasks[2]])
     assert order == [0, 2]
+
+
+async def test_random_cancellations_leave_nothing_behind(backend: arl.Backend, key: str) -> None:
+    """120 waiting and holding blocks cancelled at random moments: after each round the
+    lock is free, the queue empty, and nothing raised but the cancellations."""
+    lock = arl.FairLock(key, backend=backend)
+    rng = random.Random(key)
+
+    async def use() -> None:
+        async with arl.fair_lock(key, backend=backend):
+            await asyncio.sleep(rng.random() / 500)
+
+    for _ in range(6):
+        tasks = [asyncio.create_task(use()) for _ in range(20)]
+        await asyncio.sleep(rng.random() / 100)
+        for task in tasks:
+            if rng.random() < 0.6:
+                task.cancel()
+        ended = await asyncio.gather(*tasks, return_exceptions=True)
+        assert [e for e in ended if not isinstance(e, (type(None), asyncio.CancelledError))] == []
+        assert not await lock.locked()
+        assert await lock.waiters() == 0
+    await (await lock.acquire(timeout=0)).release()
 
 
 async def test_a_try_once_never_jumps_the_queue(backend: arl.Backend, key: str) -> None:
