@@ -42,7 +42,11 @@ end
 if score < -now then
   return {0, -score - now}
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+-- Expired intents (vanished writers) out, a bounded number per call; the rest read as absent.
+local stale = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, PRUNE_MAX)
+if #stale > 0 then
+  redis.call('ZREM', KEYS[3], unpack(stale))
+end
 
 local live = '(' .. now
 local first = redis.call('ZRANGEBYSCORE', KEYS[1], live, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
@@ -52,7 +56,7 @@ if mode == 'r' then
   if held > now then
     return {0, held - now}
   end
-  local intent = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  local intent = redis.call('ZRANGEBYSCORE', KEYS[3], live, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   if intent[2] then
     return {0, tonumber(intent[2]) - now}
   end

@@ -39,7 +39,6 @@ KEY_ARGS = {
     "ZRANGEBYSCORE": "first",
     "ZREVRANGEBYSCORE": "first",
     "ZREM": "first",
-    "ZREMRANGEBYSCORE": "first",
     "ZSCORE": "first",
     "TIME": "none",
     "PUBLISH": "none",  # a channel, not a key (under the prefix: the ACL's &arl:*)

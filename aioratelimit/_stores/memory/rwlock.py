@@ -10,18 +10,21 @@ from collections.abc import Sequence
 
 from ..._scripts import Arg, Released, Reply
 from .keyspace import Keyspace
-from .locks import Holders, _expire_at_latest, _prune, _score
+from .locks import PRUNE_MAX, Holders, _expire_at_latest, _prune, _score
 
 # -- lua/rwlock_acquire.lua ----------------------------------------------------------------
 
 
 def _intents(ks: Keyspace, key: str, now: int) -> dict[str, int] | None:
-    """The live intents (ZREMRANGEBYSCORE -inf now first); None when the key is gone."""
+    """The intents once at most PRUNE_MAX expired ones are out (ZRANGEBYSCORE -inf now
+    LIMIT, by score then member; ZREM); None when the key is gone. Any left over read as
+    absent: callers look at live intents only."""
     intents: dict[str, int] | None = ks.get(key, now)
     if intents is None:
         return None
     now_ms = now // 1000
-    for member in [m for m, s in intents.items() if s <= now_ms]:
+    stale = sorted((s, m) for m, s in intents.items() if s <= now_ms)[:PRUNE_MAX]
+    for _, member in stale:
         del intents[member]
     if not intents:
         ks.delete(key, now)
@@ -49,9 +52,9 @@ def rwlock_acquire(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: 
         held = _score(holders, writer) if isinstance(writer, str) else 0
         if held > now_ms:
             return [0, held - now_ms]
-        if intents:
-            # ZRANGE 0 0: the soonest expiry (ties: the least member)
-            return [0, min(intents.values()) - now_ms]
+        live_intents = [s for s in (intents or {}).values() if s > now_ms]
+        if live_intents:
+            return [0, min(live_intents) - now_ms]  # the soonest live intent's expiry
     elif live:
         if intent_ms > 0:
             if intents is None:
