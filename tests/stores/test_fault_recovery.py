@@ -369,11 +369,12 @@ async def test_a_subscriber_closed_under_its_reader_leaves_no_socket_open(
 
 
 async def test_only_releases_are_sent_again() -> None:
-    """Exactly the three release scripts are marked safe to send twice, and
+    """Exactly the five release scripts are marked safe to send twice, and
     ``run_repeatable`` refuses any other script before sending anything (a hit sent twice
     would be counted twice)."""
     repeatable = {name for name, s in _scripts.SCRIPTS.items() if s.repeatable}
-    assert repeatable == {"lock_release", "semaphore_release", "idem_release"}
+    releases = {"lock_release", "semaphore_release", "rwlock_release", "fair_release"}
+    assert repeatable == releases | {"idem_release"}
     async with arl.Backend.from_url("memory://") as backend:
         with pytest.raises(ValueError, match="not safe to send twice"):
             await backend._run_repeatable(_scripts.FIXED_WINDOW, ["k"], [1])
