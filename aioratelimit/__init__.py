@@ -33,9 +33,12 @@ from ._limits.multi import AllAdmission, acquire_all, admit_all, hit_all, peek_a
 from ._limits.pause import Pause
 from ._limits.reservation import Reservation
 from ._locks.every import every
+from ._locks.fair import FairLock, fair_lock
+from ._locks.holding import lock, semaphore
 from ._locks.leader import Leader, Term, leader
 from ._locks.lease import Hold, Lease
-from ._locks.lock import Lock, Semaphore, lock, semaphore
+from ._locks.lock import Lock, Semaphore
+from ._locks.rwlock import ReadWriteLock, RWState
 from ._observe import Recorder, set_recorder
 from ._rates import Binding, Decision, Rate, RateLike, parse_rates
 from ._scripts import OnCall, ScriptCall
@@ -53,6 +56,7 @@ __all__ = [
     "Breaker",
     "BreakerListener",
     "Decision",
+    "FairLock",
     "Fallback",
     "FixedWindow",
     "Hold",
@@ -70,9 +74,11 @@ __all__ = [
     "OnUnavailable",
     "Pause",
     "Quota",
+    "RWState",
     "Rate",
     "RateLike",
     "RateLimited",
+    "ReadWriteLock",
     "Recorder",
     "Reservation",
     "ResultNotStored",
@@ -91,6 +97,7 @@ __all__ = [
     "consume_token",
     "consumes_token",
     "every",
+    "fair_lock",
     "get_backend",
     "hit_all",
     "idempotent",

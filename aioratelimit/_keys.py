@@ -151,6 +151,10 @@ def pause(pause_head: str, name: str) -> tuple[str, str]:
     return tagged(pause_head, name), tagged(pause_head, name, ":inv")
 
 
+RWLOCK_KIND = "rw"
+FAIR_KIND = "fair"
+
+
 def token(tok_head: str, digest: str) -> str:
     """A one-shot token's record, named and hash-tagged by the token's hash (``digest``):
     the raw token never reaches Redis. A hex digest needs no escaping."""
@@ -181,6 +185,24 @@ def leader(leader_head: str, name: str) -> tuple[str, str]:
 def every(every_head: str, name: str) -> str:
     """A fleet-wide interval job's record of the last interval claimed (``arl.every``)."""
     return tagged(every_head, name)
+
+
+def fair(fair_head: str, name: str) -> tuple[list[str], str]:
+    """A fair lock's key, its queue of waiters (ZSET) and their heartbeats (ZSET), and the
+    prefix of its waiters' wake-up channels (one tag; a waiter's is the prefix + its token)."""
+    lock, queue = tagged(fair_head, name), tagged(fair_head, name, ":queue")
+    return [lock, queue, tagged(fair_head, name, ":beat")], tagged(fair_head, name, ":wake:")
+
+
+def rwlock(rw_head: str, name: str) -> tuple[list[str], str]:
+    """A read/write lock's holders (ZSET), fences (HASH) and waiting writers' intents (ZSET),
+    and its wake-up channel (one tag)."""
+    keys = [
+        tagged(rw_head, name),
+        tagged(rw_head, name, ":fence"),
+        tagged(rw_head, name, ":intent"),
+    ]
+    return keys, tagged(rw_head, name, ":wake")
 
 
 # -- the deployment's secret ---------------------------------------------------------------

@@ -216,6 +216,19 @@ SEMAPHORE_ACQUIRE = _load("semaphore_acquire", after="semaphore_common")
 SEMAPHORE_RELEASE = _load("semaphore_release", after="semaphore_common", repeatable=True)
 SEMAPHORE_EXTEND = _load("semaphore_extend", after="semaphore_common")
 SEMAPHORE_HOLDERS = _load("semaphore_holders")  # the number of live holders
+#: A read/write lock: a semaphore's holders and fences, plus its waiting writers' intents
+#: (``{1, fence}`` / ``{0, wait_ms}``; a release answers ``Released``; extends are the
+#: semaphore's own script, which reads the same two keys).
+RWLOCK_ACQUIRE = _load("rwlock_acquire", after="semaphore_common")
+RWLOCK_RELEASE = _load("rwlock_release", after="semaphore_common", repeatable=True)
+#: ``{readers, writer_fence, writer_ttl_ms, waiting_writers}``; reads only
+RWLOCK_STATE = _load("rwlock_state")
+#: A fair lock: a lock's value plus a queue of waiters and their heartbeats
+#: (``{1, fence}`` / ``{0, wait_ms}``; a release answers ``Released``; extends are
+#: ``LOCK_EXTEND``, which reads the first key only).
+FAIR_ACQUIRE = _load("fair_acquire")
+FAIR_RELEASE = _load("fair_release", repeatable=True)
+FAIR_STATE = _load("fair_state")  # {held 1/0, fence, pttl_ms, waiters}; reads only
 
 # What an operator reads and forces (``aioratelimit inspect``, ``reset --force``, ``doctor``).
 LOCK_HOLDER = _load("lock_holder")  # {held 1/0, fence, pttl_ms}; reads only

@@ -16,6 +16,7 @@ from .._args import check_key, from_us
 from .._backend import Backend
 from .._idempotency.store import IdempotencyStore
 from .._limits.limiter import Limiter
+from .._locks.fair import FairLock
 from .._locks.leader import Leader
 from .._locks.lock import Lock, Semaphore
 from .._scripts import IdemState
@@ -89,6 +90,16 @@ async def semaphore_state(sem: Semaphore) -> list[Holder]:
     reply = await backend._run(_scripts.SEMAPHORE_LIST, sem._names(backend).acquire_keys, ())
     pairs = [int(v) for v in reply]
     return [Holder(pairs[i], pairs[i + 1] / 1000) for i in range(0, len(pairs), 2)]
+
+
+async def fair_state(lock: FairLock) -> tuple[LockState, int]:
+    """A fair lock's holder and how many waiters keep their place (``fair_state``)."""
+    backend = lock.backend
+    held, fence, pttl, waiters = await backend._run(
+        _scripts.FAIR_STATE, lock._names(backend).owner_keys, ()
+    )
+    holder = Holder(int(fence), _ttl(int(pttl))) if held == 1 else None
+    return LockState(holder, int(fence)), int(waiters)
 
 
 async def force_release(lock: Lock, fence: int | None = None) -> int | None:

@@ -100,6 +100,14 @@ def _parser() -> argparse.ArgumentParser:
     sem.add_argument("name")
     sem.add_argument("--limit", type=int, default=None, help="its limit, to show free slots")
     sem.set_defaults(run=_cli_state.inspect_semaphore, needs_url=True)
+    rw = what.add_parser(
+        "rwlock", parents=[common], help="a read/write lock's readers, writer, waiting writers"
+    )
+    rw.add_argument("name")
+    rw.set_defaults(run=_cli_state.inspect_rwlock, needs_url=True)
+    fair = what.add_parser("fair-lock", parents=[common], help="a fair lock's holder and queue")
+    fair.add_argument("name")
+    fair.set_defaults(run=_cli_state.inspect_fair_lock, needs_url=True)
     idem = what.add_parser(
         "idempotency", parents=[common], help="whether a key is in progress or completed"
     )

@@ -14,17 +14,22 @@ import asyncio
 import sys
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from .._backend import Backend
 from .._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
 from .._limits.limiter import Limiter
 from .._limits.pause import Pause
+from .._locks.fair import FairLock
 from .._locks.leader import Leader, Term, leader
 from .._locks.lock import Lock, Semaphore
+from .._locks.rwlock import ReadWriteLock
 from .._rates import Decision
 from .._scripts import IdemState
 from . import admin as _admin
 from .output import CliError, out, printable, seconds, table, where
+
+_T = TypeVar("_T")
 
 
 def add_limiter_spec(parser: argparse.ArgumentParser) -> None:
@@ -185,6 +190,37 @@ async def _watch(election: Leader, seen: Term | None) -> None:
         seen = await election.wait_change(seen)
         stamp = time.strftime("%H:%M:%S", time.gmtime())
         out(f"{stamp}{_leader_line(await _admin.leader_state(election))}")
+
+
+async def inspect_rwlock(args: argparse.Namespace, backend: Backend) -> int:
+    rw = _named(ReadWriteLock, "read/write lock", args.name, backend)
+    state = await rw.state()
+    out(f"read/write lock {args.name!r} on {where(backend)}")
+    if state.writer_ttl is not None:
+        out(f"  writer: fence {state.writer_fence}, TTL {seconds(state.writer_ttl)}")
+    else:
+        out(f"  readers: {state.readers}")
+    out(f"  writers waiting: {state.waiting_writers} (new readers wait while any do)")
+    return 0
+
+
+async def inspect_fair_lock(args: argparse.Namespace, backend: Backend) -> int:
+    lock = _named(FairLock, "fair lock", args.name, backend)
+    state, waiters = await _admin.fair_state(lock)
+    out(f"fair lock {args.name!r} on {where(backend)}")
+    if state.holder is not None:
+        out(f"  held: fence {state.holder.fence}, TTL {seconds(state.holder.ttl)}")
+    else:
+        out("  free")
+    out(f"  queue: {waiters} waiting (served first come, first served)")
+    return 0
+
+
+def _named(kind: Callable[..., _T], what: str, name: str, backend: Backend) -> _T:
+    try:
+        return kind(name, backend=backend)
+    except (ValueError, TypeError) as exc:
+        raise CliError(f"invalid {what} name: {exc}") from None
 
 
 _IDEM_WORDS = {

@@ -99,7 +99,7 @@ class Candidate(_Resource):
         key, channel = _keys.leader(backend._head(_keys.LEADER_KIND), self.name)
         return [key], [key], channel
 
-    def _acquire_args(self, token: str, ttl_ms: int) -> tuple[Arg, ...]:
+    def _acquire_args(self, token: str, ttl_ms: int, waits: bool) -> tuple[Arg, ...]:
         # ``_acquire`` built the names of its backend just before (``_names``): the claim
         # tells the change on their channel.
         assert self._cache is not None

@@ -205,18 +205,27 @@ class Renewal:
     ttl/3 the lease is extended; the lease counts as valid until the last successful
     extend was *sent* plus ttl, less a margin. If an extend is refused, or Redis cannot be
     reached before that deadline, or the loop was blocked past it, the owner task is
-    cancelled once and ``lost`` is set.
+    cancelled once and ``lost`` is set. ``max_hold`` (seconds from the acquire) ends the
+    renewal the same way: a stuck holder cannot keep the lease forever.
     """
 
-    __slots__ = ("_handle", "_lease", "_loop", "_owner", "lost", "task")
+    __slots__ = ("_end", "_handle", "_lease", "_loop", "_owner", "expired", "lost", "task")
 
-    def __init__(self, lease: Lease, owner: asyncio.Task[Any]) -> None:
+    def __init__(self, lease: Lease, owner: asyncio.Task[Any], max_hold: float | None) -> None:
         self._lease = lease
         self._owner = owner
         self._loop = asyncio.get_running_loop()
         self.task: asyncio.Task[None] | None = None
         self.lost = False
-        self._handle = self._loop.call_at(lease._sent + lease.ttl / RENEW_EVERY, self._start)
+        #: lost because max_hold passed (not refused, nor unreachable)
+        self.expired = False
+        #: (loop time) when the hold ends whatever the renewals: the acquire was sent no
+        #: later than ``_sent``, so the holder never keeps it past max_hold
+        self._end = None if max_hold is None else lease._sent + max_hold
+        first = lease._sent + lease.ttl / RENEW_EVERY
+        if self._end is not None and self._end < first:
+            first = self._end
+        self._handle = self._loop.call_at(first, self._start)
 
     def _start(self) -> None:
         self.task = self._loop.create_task(self._run())
@@ -224,9 +233,12 @@ class Renewal:
     async def _run(self) -> None:
         lease, loop = self._lease, self._loop
         retry_at: float | None = None
+        end = self._end
         while lease._state == _HELD:
             ttl = lease.ttl
             deadline = lease._sent + ttl - _margin(ttl)
+            if end is not None and end < deadline:
+                deadline = end  # max_hold: no renewal past it, the block ends there
             due = lease._sent + ttl / RENEW_EVERY if retry_at is None else retry_at
             now = loop.time()
             if now >= deadline:
@@ -250,6 +262,8 @@ class Renewal:
                 _observe.renewal(kind, _observe.RENEWED)  # outside the try: never a failure
         if lease._state == _RELEASED:
             return  # released by hand inside the block: nothing is lost
+        if end is not None and loop.time() >= end:
+            self.expired = True
         lease._state = _LOST
         self.lost = True
         _observe.lost(lease._names.kind)
@@ -270,7 +284,8 @@ def _withdraw_cancel(task: asyncio.Task[Any]) -> bool:
 
 
 class Acquirable(Protocol):
-    """What ``Hold`` acquires: a ``Lock`` or a ``Semaphore``."""
+    """What ``Hold`` acquires: a ``Lock``, a ``Semaphore``, a ``FairLock`` or one side of a
+    ``ReadWriteLock``."""
 
     async def acquire(self, timeout: float | None = None) -> Lease: ...
 
@@ -278,16 +293,37 @@ class Acquirable(Protocol):
 class Hold(metaclass=NoPublicConstructor):
     """``async with arl.lock(...) as lease`` / ``arl.semaphore(...)``: acquire on entry,
     renew while the block runs, release on exit; a lost lease ends the block with
-    ``LockLost``. Made by ``arl.lock`` and ``arl.semaphore`` (``Hold._create``)."""
+    ``LockLost``; past ``max_hold`` too. Made by ``arl.lock``, ``arl.semaphore``,
+    ``arl.fair_lock`` and ``ReadWriteLock.read``/``write`` (``Hold._create``)."""
 
-    __slots__ = ("_auto_renew", "_lease", "_owner", "_renewal", "_resource", "_timeout")
+    __slots__ = (
+        "_auto_renew",
+        "_lease",
+        "_max_hold",
+        "_owner",
+        "_renewal",
+        "_resource",
+        "_timeout",
+    )
 
-    def __init__(self, resource: Acquirable, timeout: float | None, auto_renew: bool) -> None:
+    def __init__(
+        self,
+        resource: Acquirable,
+        timeout: float | None,
+        auto_renew: bool,
+        max_hold: float | None = None,
+    ) -> None:
         if not isinstance(auto_renew, bool):
             raise TypeError(f"auto_renew must be a bool, not {type(auto_renew).__name__}")
+        if max_hold is not None:
+            max_hold = check_seconds(max_hold, "max_hold")
+            if not auto_renew:
+                # Without renewal the TTL already bounds the hold: nothing would enforce it.
+                raise ValueError("max_hold bounds the renewal: it needs auto_renew=True")
         self._resource = resource
         self._timeout = check_timeout(timeout)
         self._auto_renew = auto_renew
+        self._max_hold = max_hold
         self._lease: Lease | None = None
         self._renewal: Renewal | None = None
         self._owner: asyncio.Task[Any] | None = None
@@ -301,7 +337,7 @@ class Hold(metaclass=NoPublicConstructor):
             owner = asyncio.current_task()
             assert owner is not None  # we run inside a task
             self._owner = owner
-            self._renewal = Renewal(lease, owner)
+            self._renewal = Renewal(lease, owner, self._max_hold)
         return lease
 
     async def __aexit__(
@@ -335,6 +371,12 @@ class Hold(metaclass=NoPublicConstructor):
             # The cancellation was ours: the block ran without the lock. Its own exception
             # (other than the cancellation we caused) goes on; otherwise LockLost.
             if exc_type is None or issubclass(exc_type, asyncio.CancelledError):
+                if renewal is not None and renewal.expired:
+                    raise LockLost(
+                        f"{lease.name!r} was held for max_hold ({self._max_hold} s): the"
+                        " block was cancelled and the lease released",
+                        name=lease.name,
+                    ) from None
                 raise LockLost(name=lease.name) from None
             return
         if cancelled is not None:
@@ -347,4 +389,5 @@ class Hold(metaclass=NoPublicConstructor):
             raise failure
 
     def __repr__(self) -> str:
-        return f"<hold of {self._resource!r} auto_renew={self._auto_renew}>"
+        held = "" if self._max_hold is None else f" max_hold={self._max_hold}"
+        return f"<hold of {self._resource!r} auto_renew={self._auto_renew}{held}>"

@@ -46,7 +46,7 @@ from .._scripts import Arg, Reply, Script
 from .._stores import confirm
 from .._stores.confirm import DEFAULT_REPLICAS_TIMEOUT, replicas_option
 from . import line as _line
-from .lease import Hold, Lease, Names
+from .lease import Lease, Names
 
 log = logging.getLogger("aioratelimit")
 
@@ -92,6 +92,9 @@ class _Resource:
     _acquire_script: Script
     _release_script: Script
     _extend_script: Script
+    #: a refused try leaves a mark that must go when it gives up (a writer's intent): a
+    #: timed-out or cancelled wait is followed by a release of its token, as a failed try is
+    _withdraw = False
 
     def __init__(
         self,
@@ -141,7 +144,8 @@ class _Resource:
             cache = self._cache = (backend, names)
         return cache[1]
 
-    def _acquire_args(self, token: str, ttl_ms: int) -> tuple[Arg, ...]:
+    def _acquire_args(self, token: str, ttl_ms: int, waits: bool) -> tuple[Arg, ...]:
+        """The acquire script's arguments; ``waits``: not a single try (timeout=0)."""
         return (token, ttl_ms)
 
     def _line_limit(self) -> int:
@@ -167,7 +171,7 @@ class _Resource:
         names = self._names(backend)
         token = _keys.new_token()
         ttl = self.ttl
-        args = self._acquire_args(token, to_ms(ttl))
+        args = self._acquire_args(token, to_ms(ttl), timeout != 0)
         base = cancels()
         loop = asyncio.get_running_loop()
         # The bound of the whole call (see the module): None waits as long as it takes. It
@@ -192,6 +196,12 @@ class _Resource:
                 f"Redis did not answer in time: acquiring {self.name!r} took over"
                 f" timeout + the backend's timeout ({timeout} + {backend.timeout} s)"
             ) from exc
+        except (LockTimeout, asyncio.CancelledError):
+            if self._withdraw and timeout != 0:
+                # Gave up waiting: take back the mark its refused tries left (shielded,
+                # within the backend's timeout; the mark's own TTL covers the rest).
+                await finish_within(self._cleanup(backend, names, token), backend.timeout)
+            raise
         return Lease._create(backend, names, token, int(reply[1]), ttl, sent)
 
     async def _attempt(
@@ -395,7 +405,7 @@ class Semaphore(_Resource):
         holders, fences, channel = _keys.semaphore(backend._head(_keys.SEMAPHORE_KIND), self.name)
         return [holders, fences], [holders, fences], channel
 
-    def _acquire_args(self, token: str, ttl_ms: int) -> tuple[Arg, ...]:
+    def _acquire_args(self, token: str, ttl_ms: int, waits: bool) -> tuple[Arg, ...]:
         return (token, ttl_ms, self.limit)
 
     def _line_limit(self) -> int:
@@ -414,52 +424,3 @@ class Semaphore(_Resource):
     def __repr__(self) -> str:
         shown = confirm.shown(self._replicas)
         return f"<Semaphore {self.name!r} limit={self.limit} ttl={self.ttl}{shown}>"
-
-
-def lock(
-    name: str,
-    ttl: float = 30.0,
-    timeout: float | None = None,
-    auto_renew: bool = True,
-    backend: Backend | None = None,
-    *,
-    replicas: int = 0,
-    replicas_timeout: float = DEFAULT_REPLICAS_TIMEOUT,
-    aof: bool = False,
-) -> Hold:
-    """``async with arl.lock(name) as lease:`` runs the block holding the lock ``name``.
-
-    ``ttl``: seconds the lock lives without renewal. ``timeout``: seconds to wait for it
-    (``None`` forever, ``0`` one try), then ``LockTimeout``. With ``auto_renew`` the lease is
-    extended every ttl/3 while the block runs; if it is lost anyway, the block is cancelled
-    and ``LockLost`` raised out of the ``async with``.
-
-    ``replicas=N``: every acquire and renewal waits until N replicas have the write
-    (``WAIT``, at most ``replicas_timeout`` seconds, below the backend's ``timeout``);
-    ``aof=True``: until it is in the master's append-only file and N replicas' too
-    (``WAITAOF``, Redis 7.2+). An acquire that is not confirmed gives the lock back and
-    raises ``NotReplicated`` (docs/locks.md says what it guards against and what not).
-    ``ValueError`` on memory://, which has no replicas.
-    """
-    lock = Lock(name, ttl, backend, replicas=replicas, replicas_timeout=replicas_timeout, aof=aof)
-    return Hold._create(lock, timeout, auto_renew)
-
-
-def semaphore(
-    name: str,
-    limit: int = 5,
-    ttl: float = 30.0,
-    timeout: float | None = None,
-    auto_renew: bool = True,
-    backend: Backend | None = None,
-    *,
-    replicas: int = 0,
-    replicas_timeout: float = DEFAULT_REPLICAS_TIMEOUT,
-    aof: bool = False,
-) -> Hold:
-    """``async with arl.semaphore(name, limit=5) as lease:`` runs the block as one of at most
-    ``limit`` holders; otherwise exactly like ``lock`` (``replicas=`` too)."""
-    resource = Semaphore(
-        name, limit, ttl, backend, replicas=replicas, replicas_timeout=replicas_timeout, aof=aof
-    )
-    return Hold._create(resource, timeout, auto_renew)

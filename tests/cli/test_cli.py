@@ -19,7 +19,7 @@ from typing import TypeVar
 
 import pytest
 from support import forkrun, jobs
-from support.pace import asleep
+from support.pace import asleep, until
 from support.servers import free_port
 
 import aioratelimit as arl
@@ -462,6 +462,47 @@ def test_inspect_leader_shows_the_leader_and_watches_its_changes(redis_url: str,
         assert proc.wait(timeout=60) == 130
 
 
+async def _writers_waiting(rw: arl.ReadWriteLock) -> bool:
+    return (await rw.state()).waiting_writers > 0
+
+
+async def _queued(fair: arl.FairLock) -> bool:
+    return await fair.waiters() > 0
+
+
+def test_inspect_shows_rw_and_fair_locks_never_a_token(redis_url: str, key: str) -> None:
+    """`inspect rwlock` shows the readers and the writers waiting (then the writer's fence),
+    `inspect fair-lock` the holder and the queue's length; never a token."""
+
+    async def hold(backend: arl.Backend) -> tuple[list[arl.Lease], list[str]]:
+        rw = arl.ReadWriteLock(key, backend=backend)
+        reader = await rw.acquire_read(timeout=0)
+        writer = asyncio.create_task(rw.acquire_write())
+        await until(lambda: _writers_waiting(rw), what="the writer's intent")
+        fair = arl.FairLock(key, backend=backend)
+        holder = await fair.acquire(timeout=0)
+        waiter = asyncio.create_task(fair.acquire())
+        await until(lambda: _queued(fair), what="the waiter queued")
+        seen = [cli("inspect", "rwlock", key, "--url", redis_url).stdout]
+        seen.append(cli("inspect", "fair-lock", key, "--url", redis_url).stdout)
+        await reader.release()
+        wrote = await writer
+        seen.append(cli("inspect", "rwlock", key, "--url", redis_url).stdout)
+        await holder.release()
+        await wrote.release()
+        await (await waiter).release()
+        return [reader, wrote, holder], seen
+
+    leases, (rw, fair, written) = on(redis_url, hold)
+    assert "readers: 1" in rw, rw
+    assert "writers waiting: 1" in rw, rw
+    assert f"held: fence {leases[2].fencing_token}" in fair, fair
+    assert "queue: 1 waiting" in fair, fair
+    assert f"writer: fence {leases[1].fencing_token}" in written, written
+    for lease in leases:
+        assert lease._token not in rw + fair + written
+
+
 def test_inspect_idempotency_never_prints_the_result_unless_asked(redis_url: str, key: str) -> None:
     """`inspect idempotency`: in progress (with its lease) or completed; the stored result
     (customer data) only with ``--show-result``."""
@@ -817,6 +858,8 @@ def test_a_bad_spec_resets_nothing(redis_url: str, key: str) -> None:
         (["inspect", "limit", "k", "--token", "5/minute", "--burst", "2"], "burst=2"),
         (["inspect", "lock", "jobs"], "free (no holder on record)"),
         (["inspect", "semaphore", "api"], "0 held"),
+        (["inspect", "rwlock", "doc"], "readers: 0"),
+        (["inspect", "fair-lock", "jobs"], "queue: 0 waiting"),
         (["inspect", "idempotency", "order-1"], "unknown: no record"),
         (["reset", "limit", "k", "--sliding", "5/minute"], "forgotten"),
         (["reset", "lock", "jobs", "--force"], "is free: nothing to do"),
@@ -836,6 +879,8 @@ def test_inspect_and_reset_run_on_memory(args: list[str], says: str) -> None:
         ["inspect", "limit", "k", "--fixed", "5/minute"],
         ["inspect", "lock", "jobs"],
         ["inspect", "semaphore", "api"],
+        ["inspect", "rwlock", "doc"],
+        ["inspect", "fair-lock", "jobs"],
         ["inspect", "idempotency", "order-1"],
         ["reset", "limit", "k", "--sliding", "5/minute"],
         ["reset", "lock", "jobs", "--force", "--yes"],

@@ -96,6 +96,11 @@ SERVER_CPU_ROWS = {
         "aioratelimit `Lock.acquire` + `Lease.release`",
         "redis-py `redis.asyncio.lock.Lock`",
     ],
+    "bench_rwlock": [
+        "raw EVALSHA, redis.asyncio (the floor)",
+        "`ReadWriteLock` read, beside another reader",
+        "`FairLock` acquire + release, nobody waiting",
+    ],
     "bench_cluster": [
         "standalone: ours",
         "cluster: ours",

@@ -369,14 +369,15 @@ async def test_a_subscriber_closed_under_its_reader_leaves_no_socket_open(
 
 
 async def test_only_releases_are_sent_again() -> None:
-    """Exactly the three release scripts and the three refunds (sent again only as a
-    settlement sends them, with a record) are marked safe to send twice, and
+    """Exactly the release scripts, the three refunds (sent again only as a settlement
+    sends them, with a record) and the reads are marked safe to send twice, and
     ``run_repeatable`` refuses any other script before sending anything (a hit sent twice
     would be counted twice)."""
     repeatable = {name for name, s in _scripts.SCRIPTS.items() if s.repeatable}
-    assert repeatable == {"lock_release", "semaphore_release", "idem_release"} | {
-        f"{kind}_refund" for kind in ("fixed_window", "sliding_window", "token_bucket")
-    }
+    releases = {"lock_release", "semaphore_release", "rwlock_release", "fair_release"}
+    refunds = {f"{kind}_refund" for kind in ("fixed_window", "sliding_window", "token_bucket")}
+    reads = {"limiter_blocked"}
+    assert repeatable == releases | {"idem_release"} | refunds | reads
     async with arl.Backend.from_url("memory://") as backend:
         with pytest.raises(ValueError, match="not safe to send twice"):
             await backend._run_repeatable(_scripts.FIXED_WINDOW, ["k"], [1])

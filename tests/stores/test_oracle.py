@@ -68,6 +68,7 @@ from aioratelimit._cli import admin as _admin
 from aioratelimit._idempotency.store import Claimed, IdempotencyStore, _fingerprint
 from aioratelimit._idempotency.tokens import _subject
 from aioratelimit._locks import leader as _leader
+from aioratelimit._locks import rwlock as _rwlock
 from aioratelimit._scripts import HELPERS, SCRIPTS, Arg, Reply, Script
 from aioratelimit._stores.memory.keyspace import Keyspace, expired
 from aioratelimit._stores.memory.locks import PRUNE_MAX
@@ -162,6 +163,10 @@ FIXED: tuple[Rates, ...] = (
 SLIDING = ((1, (R3,)), (3, (R4,)), (3, (R2, R4)), (10, (R1,)), (1000, (R5, R1)))
 BUCKETS = (R1, 1), (R3, 2), (R4, 5), (R5, 2)
 LOCK_NAMES = ("L1", "L2")
+RW_NAMES = ("RW1",)
+FAIR_NAMES = ("F1",)
+#: a fair waiter's heartbeat (ms; 0: a single try, which never queues)
+BEATS_MS = (0, 3, 60, 3000)
 SEM_NAMES = ("S1", "S2")
 #: _keys.new_token(): 22 URL-safe characters, never ':' or '~'
 TOKENS = ("AAAAAAAAAAAAAAAAAAAAAA", "Bb-_0123456789abcdefgh", "zzzzzzzzzzzzzzzzzzzzz9")
@@ -251,6 +256,14 @@ def every_key(name: str) -> str:
     return _keys.every(head(_keys.EVERY_KIND), name)
 
 
+def rw_names(name: str) -> tuple[list[str], str]:
+    return _keys.rwlock(head(_keys.RWLOCK_KIND), name)
+
+
+def fair_names(name: str) -> tuple[list[str], str]:
+    return _keys.fair(head(_keys.FAIR_KIND), name)
+
+
 def token_key(digest: str) -> str:
     return _keys.token(head(_keys.TOKEN_KIND), digest)
 
@@ -295,6 +308,7 @@ State = tuple[bytes, Any, int] | None
 TYPES = {"fw": b"string", "tb": b"string", "sw": b"hash", "lock": b"string", "tok": b"string"}
 TYPES.update({"idem": b"hash", "sem": b"zset", "sem-fence": b"hash", "doctor": b"string"})
 TYPES.update({"leader": b"string", "every": b"string"})
+TYPES.update({"rw": b"zset", "rw-fence": b"hash", "fair": b"string", "fair-queue": b"zset"})
 
 
 def key_type(key: str) -> bytes:
@@ -303,7 +317,11 @@ def key_type(key: str) -> bytes:
         return b"string"
     if "}:settle:" in key:  # a settlement's record (``_keys.settlement``)
         return b"string"
-    return TYPES["sem-fence" if kind == "sem" and key.endswith(":fence") else kind]
+    if kind in ("sem", "rw") and key.endswith(":fence"):
+        return TYPES[f"{kind}-fence"]
+    if kind == "fair" and key.endswith(("}:queue", "}:beat")):
+        return TYPES["fair-queue"]
+    return TYPES[kind]
 
 
 def lua_states(client: fakeredis.FakeRedis, keys: Sequence[str]) -> list[State]:
@@ -639,6 +657,38 @@ def semaphore_calls() -> st.SearchStrategy[Call]:
     return weighted((acquire, 3), (release, 2), (extend, 2), (holders, 1))
 
 
+def rwlock_calls() -> st.SearchStrategy[Call]:
+    """Read/write locks: reads, writes (waiting, recording an intent, or trying once),
+    releases (a writer giving up too), the semaphore's extend on the same keys, and state."""
+    acquire, release, extend, state = [], [], [], []
+    for name in RW_NAMES:
+        names, channel = rw_names(name)
+        keys = tuple(names)
+        state.append(Call("rwlock_state", keys, ()))
+        for token, ms in product(TOKENS, TTLS_MS):
+            acquire.append(Call("rwlock_acquire", keys, (token, ms, "r", 0)))
+            acquire += [Call("rwlock_acquire", keys, (token, ms, "w", i)) for i in (0, 5, 3000)]
+            extend.append(Call("semaphore_extend", keys, (token, ms)))
+            release += [Call("rwlock_release", keys, (token, ms, channel, p)) for p in PUBLISH]
+    return weighted((acquire, 4), (release, 2), (extend, 1), (state, 1))
+
+
+def fair_calls() -> st.SearchStrategy[Call]:
+    """Fair locks: tries and waits (queueing, heartbeats), releases (a waiter giving up
+    too), the lock's extend and ``locked`` on the same key, and state."""
+    acquire, release, extend, state = [], [], [], []
+    for name in FAIR_NAMES:
+        names, channel = fair_names(name)
+        keys = tuple(names)
+        state.append(Call("fair_state", keys, ()))
+        state.append(Call("lock_locked", keys[:1], ()))
+        for token, ms in product(TOKENS, TTLS_MS):
+            acquire += [Call("fair_acquire", keys, (token, ms, beat)) for beat in BEATS_MS]
+            extend.append(Call("lock_extend", keys, (token, ms)))
+            release += [Call("fair_release", keys, (token, ms, channel, p)) for p in PUBLISH]
+    return weighted((acquire, 4), (release, 2), (extend, 1), (state, 1))
+
+
 def token_calls() -> st.SearchStrategy[Call]:
     """One-shot tokens issued (again), consumed, and presented by the wrong subject."""
     issue, consume = [], []
@@ -958,6 +1008,36 @@ class Semaphores(Oracle):
         self.call(call)
 
 
+class ReadWriteLocks(Oracle):
+    """Read/write lock acquisitions in both modes, intents, releases and ``state``."""
+
+    branches: ClassVar[dict[str, set[int]]] = {
+        "rwlock_acquire": {0, 1},
+        "rwlock_release": {0, 1, 2},
+        "rwlock_state": {0, 1},
+    }
+
+    @rule(move=MOVES, call=rwlock_calls())
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
+class FairLocks(Oracle):
+    """Fair lock tries, waits, releases, extensions and ``state``."""
+
+    branches: ClassVar[dict[str, set[int]]] = {
+        "fair_acquire": {0, 1},
+        "fair_release": {-1, 0, 1, 2},
+        "fair_state": {0, 1},
+    }
+
+    @rule(move=MOVES, call=fair_calls())
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
 class OneShotTokens(Oracle):
     """One-shot tokens: ``issue_token`` and ``consume_token``."""
 
@@ -1007,6 +1087,8 @@ MACHINES = [
     Locks,
     Leaders,
     Semaphores,
+    ReadWriteLocks,
+    FairLocks,
     OneShotTokens,
     Idempotency,
     ServerChecks,
@@ -1018,6 +1100,8 @@ EXAMPLES = {machine: 15 for machine in MACHINES} | {
     SlidingWindows: 30,
     TokenBuckets: 30,
     Locks: 20,
+    ReadWriteLocks: 20,
+    FairLocks: 20,
     Idempotency: 30,
     OneShotTokens: 10,
     ServerChecks: 3,
@@ -1337,6 +1421,36 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     with contextlib.suppress(asyncio.CancelledError):
         await arl.every(0.01, "L1", stop, backend=backend)
     expect("every_claim", [every_key("L1")], (INTERVALS_US[0],))
+
+    rw = arl.ReadWriteLock("RW1", ttl=0.005, backend=backend)
+    lease = await rw.acquire_read(timeout=0)
+    token = str(calls[-1][2][0])
+    await lease.extend()
+    await lease.release()
+    lease = await rw.acquire_write(timeout=0)
+    second = str(calls[-1][2][0])
+    await lease.release()
+    await rw.state()
+    names, channel = rw_names("RW1")
+    expect("rwlock_acquire", names, (token, 5, "r", 0))
+    expect("semaphore_extend", names, (token, 5))
+    expect("rwlock_release", names, (token, 5, channel, "PUBLISH"))
+    expect("rwlock_acquire", names, (second, 5, "w", 0))
+    expect("rwlock_release", names, (second, 5, channel, "PUBLISH"))
+    expect("rwlock_state", names, ())
+
+    fair = arl.FairLock("F1", ttl=0.005, backend=backend, heartbeat=0.06)
+    lease = await fair.acquire(timeout=0)
+    token = str(calls[-1][2][0])
+    await lease.extend()
+    await lease.release()
+    await fair.waiters()
+    names, channel = fair_names("F1")
+    expect("fair_acquire", names, (token, 5, 0))
+    expect("lock_extend", names, (token, 5))
+    expect("fair_release", names, (token, 5, channel, "PUBLISH"))
+    expect("fair_state", names, ())
+    assert _rwlock.INTENT_TTL == 3.0  # (a waiting writer's intent in the oracle: 3000 ms)
 
     one_shot = await arl.issue_token(ttl=0.0025, subject="alice", backend=backend)
     await arl.consume_token(one_shot, "bob", backend=backend)

@@ -29,6 +29,9 @@ from ..._scripts import SCRIPTS, Arg, OnCall, Reply, Script
 from ..base import observed
 from ..notify import Notifier
 from . import (
+    fair as memory_fair,
+)
+from . import (
     idempotency as memory_idempotency,
 )
 from . import (
@@ -44,6 +47,9 @@ from . import (
     ratelimit as memory_ratelimit,
 )
 from . import (
+    rwlock as memory_rwlock,
+)
+from . import (
     server as memory_server,
 )
 from .keyspace import Keyspace
@@ -56,6 +62,8 @@ TWIN_MODULES: tuple[ModuleType, ...] = (
     memory_penalties,
     memory_locks,
     memory_leader,
+    memory_rwlock,
+    memory_fair,
     memory_idempotency,
     memory_server,
 )
@@ -116,6 +124,10 @@ _CREATES: dict[str, Callable[[Sequence[Arg]], int]] = {
     "every_claim": lambda args: 1,
     "semaphore_acquire": lambda args: 2,
     "semaphore_release": lambda args: 1,
+    "rwlock_acquire": lambda args: 3,
+    "rwlock_release": lambda args: 1,
+    "fair_acquire": lambda args: 3,
+    "fair_release": lambda args: 1,
     "token_issue": lambda args: 1,
     "idem_claim": lambda args: 1,
 }
