@@ -27,6 +27,8 @@ from ._idempotency.tokens import consume_token, consumes_token, issue_token
 from ._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
 from ._limits.failure import Breaker, BreakerListener, Fallback, OnUnavailable
 from ._limits.limiter import Admission, Limiter
+from ._limits.policies import Policies
+from ._limits.policy import Policy, PolicyStore
 from ._locks.lease import Hold, Lease
 from ._locks.lock import Lock, Semaphore, lock, semaphore
 from ._observe import Recorder, set_recorder
@@ -56,6 +58,9 @@ __all__ = [
     "LockTimeout",
     "OnCall",
     "OnUnavailable",
+    "Policies",
+    "Policy",
+    "PolicyStore",
     "Rate",
     "RateLike",
     "RateLimited",

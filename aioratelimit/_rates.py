@@ -120,6 +120,12 @@ class Decision:
     shadow: bool = False
     #: True when a shadow limiter admitted a hit its limit would have denied
     shadow_denied: bool = False
+    #: the policy whose rates decided (a limiter made with ``policies=``): its name,
+    #: ``"default"`` for the code's rates, ``"key"`` for a key's own override; else None
+    policy: str | None = None
+    #: the policy store or the lookup failed or was slow: the decision used the last known
+    #: policy of the key (or the code's rates)
+    policy_stale: bool = False
 
     @property
     def degraded(self) -> bool:
@@ -164,6 +170,8 @@ class _Unfrozen:
     source: str
     shadow: bool
     shadow_denied: bool
+    policy: str | None
+    policy_stale: bool
 
 
 _new = object.__new__
@@ -192,5 +200,7 @@ def new_decision(
     d.source = source
     d.shadow = shadow
     d.shadow_denied = shadow_denied
+    d.policy = None
+    d.policy_stale = False
     d.__class__ = Decision  # type: ignore[assignment]
     return cast(Decision, d)

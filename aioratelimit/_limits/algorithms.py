@@ -16,6 +16,8 @@ from .._backend import Backend
 from .._rates import Rate, RateLike, as_rate, token_bucket
 from .failure import Breaker, Fallback, OnUnavailable
 from .limiter import Limiter
+from .policies import Policies
+from .policy import Policy
 
 #: Most sub-window buckets a SlidingWindow may use (the script reads them all per hit).
 MAX_BUCKETS = 1000
@@ -43,6 +45,7 @@ class FixedWindow(Limiter):
 
     __slots__ = ("rates",)
     _script = _scripts.FIXED_WINDOW
+    _policy_script = _scripts.FIXED_WINDOW_POLICY
     _refund_script = _scripts.FIXED_WINDOW_REFUND
     _kind = "fw"
 
@@ -57,13 +60,17 @@ class FixedWindow(Limiter):
         on_unavailable: OnUnavailable = "raise",
         breaker: Breaker | None = None,
         shadow: bool = False,
+        policies: Policies | None = None,
     ):
         super().__init__(backend, name, count_denied, blockable)
         self.rates = _rates(rates)
         self._suffixes = tuple(_keys.rate_suffix(r.limit, r.window_us) for r in self.rates)
         self._args = tuple(v for r in self.rates for v in (r.limit, r.window_us))
         self._max_cost = min(r.limit for r in self.rates)
-        self._options(self.rates, deny_cache, on_unavailable, breaker, shadow)
+        self._options(self.rates, deny_cache, on_unavailable, breaker, shadow, policies)
+
+    def _policy_args(self, policy: Policy) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return tuple(v for r in policy.rates for v in (r.limit, r.window_us)), ()
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
         rates = (Rate(share.scale(r.limit), r.window) for r in self.rates)
@@ -84,6 +91,7 @@ class SlidingWindow(Limiter):
 
     __slots__ = ("buckets", "rates")
     _script = _scripts.SLIDING_WINDOW
+    _policy_script = _scripts.SLIDING_WINDOW_POLICY
     _refund_script = _scripts.SLIDING_WINDOW_REFUND
     _kind = "sw"
 
@@ -99,6 +107,7 @@ class SlidingWindow(Limiter):
         on_unavailable: OnUnavailable = "raise",
         breaker: Breaker | None = None,
         shadow: bool = False,
+        policies: Policies | None = None,
     ):
         super().__init__(backend, name, count_denied, blockable)
         self.rates = _rates(rates)
@@ -111,7 +120,11 @@ class SlidingWindow(Limiter):
         self._args = (buckets, *(v for r in self.rates for v in (r.limit, r.window_us)))
         self._refund_args = self._args
         self._max_cost = min(r.limit for r in self.rates)
-        self._options(self.rates, deny_cache, on_unavailable, breaker, shadow)
+        self._options(self.rates, deny_cache, on_unavailable, breaker, shadow, policies)
+
+    def _policy_args(self, policy: Policy) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        args = (self.buckets, *(v for r in policy.rates for v in (r.limit, r.window_us)))
+        return args, args
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
         rates = (Rate(share.scale(r.limit), r.window) for r in self.rates)
@@ -131,6 +144,7 @@ class TokenBucket(Limiter):
 
     __slots__ = ("burst", "rate")
     _script = _scripts.TOKEN_BUCKET
+    _policy_script = _scripts.TOKEN_BUCKET_POLICY
     _refund_script = _scripts.TOKEN_BUCKET_REFUND
     _reserves = True
     _kind = "tb"
@@ -148,6 +162,7 @@ class TokenBucket(Limiter):
         on_unavailable: OnUnavailable = "raise",
         breaker: Breaker | None = None,
         shadow: bool = False,
+        policies: Policies | None = None,
     ):
         super().__init__(backend, name, count_denied, blockable)
         self.rate = as_rate(rate)
@@ -157,7 +172,15 @@ class TokenBucket(Limiter):
         self._args = (self.burst, interval)
         self._refund_args = (interval,)
         self._max_cost = self.burst
-        self._options((self.rate,), deny_cache, on_unavailable, breaker, shadow)
+        self._options((self.rate,), deny_cache, on_unavailable, breaker, shadow, policies)
+
+    def _policy_args(self, policy: Policy) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        # A policy's burst is its rate's limit; the code's rates keep the code's burst.
+        if len(policy.rates) != 1:
+            raise ValueError(f"a TokenBucket's policy has one rate, not {len(policy.rates)}")
+        burst = self.burst if policy is self._default_policy else None
+        burst, interval = token_bucket(policy.rates[0], burst)
+        return (burst, interval), (interval,)
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
         rate = Rate(share.scale(self.rate.limit), self.rate.window)

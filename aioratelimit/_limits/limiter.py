@@ -20,6 +20,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from .. import _keys, _observe, _scripts
 from .._args import (
+    MAX_COUNT,
     binder,
     check_count,
     check_int,
@@ -37,6 +38,9 @@ from . import waiting as _waiting
 from .deny_cache import DenyCache
 from .failure import Breaker, Fallback, OnUnavailable
 from .guard import Guard, Options, check_cost
+from .policies import Policies
+from .policies import decode as policy_decode
+from .policy import MAX_RATES, Policy
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -57,11 +61,13 @@ class Limiter:
         "_args",
         "_backend",
         "_blockable",
+        "_default_policy",
         "_fallback",
         "_guard",
         "_head_id",
         "_hit_mode",
         "_max_cost",
+        "_policies",
         "_refund_args",
         "_suffixes",
         "count_denied",
@@ -72,6 +78,8 @@ class Limiter:
 
     _script: Script
     _refund_script: Script
+    #: its script with ``lua/policy_stamp.lua`` in front (``policies=``)
+    _policy_script: Script
     _kind: str
     #: its script books a later slot for a waiter (``waiting``): TokenBucket
     _reserves = False
@@ -113,6 +121,13 @@ class Limiter:
         self._fallback: Limiter | None = None
         self.on_unavailable: OnUnavailable = "raise"
         self.shadow = False
+        self._policies: Policies | None = None
+        self._default_policy: Policy | None = None
+
+    def _policy_args(self, policy: Policy) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The script's and the refund script's rate arguments under ``policy``
+        (``ValueError`` when this limiter cannot apply it)."""
+        raise NotImplementedError
 
     def _options(
         self,
@@ -121,9 +136,22 @@ class Limiter:
         on_unavailable: OnUnavailable,
         breaker: Breaker | None,
         shadow: bool,
+        policies: Policies | None = None,
     ) -> None:
         """The options on top of the plain decision (the guard); with all of them off a
-        decision stays the one script call it was."""
+        decision stays the one script call it was. With ``policies`` the rates come from
+        data: the keys are per rate *position* with a stamp (``lua/policy_stamp.lua``)."""
+        send, decode = self._send, Decision.from_reply
+        if policies is not None:
+            if not isinstance(policies, Policies):
+                raise TypeError(f"policies must be a Policies, not {type(policies).__name__}")
+            self._default_policy = Policy(*rates)
+            policies._bind(self)
+            self._policies = policies
+            self._suffixes = _keys.policy_suffixes(MAX_RATES)
+            self._max_cost = MAX_COUNT  # the key's policy's limit denies what it cannot admit
+            send = functools.partial(policies.send, self._policy_script)
+            decode = policy_decode
         if deny_cache is not None and self.count_denied:
             # A cached denial never reaches the server, where a denied hit must be counted.
             raise ValueError("deny_cache cannot be combined with count_denied=True")
@@ -141,11 +169,11 @@ class Limiter:
             # Its own memory:// store: counted in this process only, never sent anywhere.
             self._fallback = self._scaled(self.on_unavailable, Backend.from_url("memory://"))
             fallback = self._fallback._send
-        if cache is None and options.plain:
+        if cache is None and options.plain and policies is None:
             return
         self._guard = Guard(
-            self._send,
-            Decision.from_reply,
+            send,
+            decode,
             options,
             limit=self._max_cost,
             fallback=fallback,
@@ -211,6 +239,11 @@ class Limiter:
         guard = self._guard
         if guard is not None and not extra:  # (a TokenBucket waiter's booking: no options)
             return guard.cached(key, cost, mode) or await guard.decide(key, cost, mode)
+        if extra and self._policies is not None:  # (a TokenBucket waiter's booking)
+            check_key(key)
+            return policy_decode(
+                await self._policies.send(self._policy_script, key, cost, mode, *extra)
+            )
         if _observe.recorder is not None:
             return await _observe.decide(
                 self.name, self._script.name, self._send, key, cost, mode, *extra
@@ -290,7 +323,11 @@ class Limiter:
         cost = self._check_cost(cost)
         backend = self._backend or get_backend()
         rate_keys = self._keys(backend, key)[: len(self._suffixes)]
-        reply = await backend._run(self._refund_script, rate_keys, (cost, *self._refund_args))
+        refund_args = self._refund_args
+        if self._policies is not None:  # the rates the key's counters are under now
+            view = await self._policies.current(key)
+            rate_keys, refund_args = view.keys[1 : 1 + len(view.policy.rates)], view.refund
+        reply = await backend._run(self._refund_script, rate_keys, (cost, *refund_args))
         await self._invalidate(key)
         return int(reply[0])
 
