@@ -5,7 +5,8 @@
 -- then takes its own KEY and ARGVs away: the script after it sees its usual KEYS and ARGV.
 --
 -- KEYS[1]  the key's stamp (hash: v = policy version, r = the rates' ARGV joined by ',',
---          p = policy name; expires 2 longest windows after it was last written)
+--          p = policy name; expires 2 longest windows after it was last written: a
+--          stamp gone finds counters of the same rates, or none, and takes them as they are)
 -- KEYS[2..] the script's KEYS: one counter per rate *position* (names without rate values)
 -- ARGV[1]  version  the caller's view of the policy store (integer >= 0, monotonic)
 -- ARGV[2]  kind     'fw', 'sw' or 'tb': how the counters are converted
@@ -40,10 +41,12 @@ if policy_stamp[2] ~= policy_rates or stamp_version ~= policy_version then
       if new[i] > longest then longest = new[i] end
     end
   end
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  -- (Expiries by PEXPIREAT on this clock, as the scripts set them, never PEXPIRE's.)
+  local now_ms = now - now % 1000
   if policy_stamp[2] and policy_stamp[2] ~= policy_rates then
     local old = numbers(policy_stamp[2])
-    local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
     local function scaled(count, old_limit, new_limit)
       if policy_rule == 'proportional' then
         return math.ceil(count * new_limit / old_limit)
@@ -73,9 +76,9 @@ if policy_stamp[2] ~= policy_rates or stamp_version ~= policy_version then
         elseif count > 0 then
           local c = scaled(count, old[2 * i - 1], new[2 * i - 1])
           if c ~= count then redis.call('SET', key, c, 'KEEPTTL') end
-          local window_ms = math.ceil(new[2 * i] / 1000)
-          if redis.call('PTTL', key) > window_ms then
-            redis.call('PEXPIRE', key, window_ms)
+          local ends_ms = math.ceil((now + new[2 * i]) / 1000)
+          if now_ms / 1000 + redis.call('PTTL', key) > ends_ms then
+            redis.call('PEXPIREAT', key, ends_ms)
           end
         end
       end
@@ -109,7 +112,7 @@ if policy_stamp[2] ~= policy_rates or stamp_version ~= policy_version then
     end
   end
   redis.call('HSET', KEYS[1], 'v', policy_version, 'r', policy_rates, 'p', ARGV[4])
-  redis.call('PEXPIRE', KEYS[1], 2 * math.ceil(longest / 1000))
+  redis.call('PEXPIREAT', KEYS[1], now_ms / 1000 + 2 * math.ceil(longest / 1000))
 end
 table.remove(KEYS, 1)
 for _ = 1, 4 do table.remove(ARGV, 1) end

@@ -141,7 +141,8 @@ class Limiter:
         """The options on top of the plain decision (the guard); with all of them off a
         decision stays the one script call it was. With ``policies`` the rates come from
         data: the keys are per rate *position* with a stamp (``lua/policy_stamp.lua``)."""
-        send, decode = self._send, Decision.from_reply
+        send: Any = self._send
+        decode: Callable[[Any], Decision] = Decision.from_reply
         if policies is not None:
             if not isinstance(policies, Policies):
                 raise TypeError(f"policies must be a Policies, not {type(policies).__name__}")

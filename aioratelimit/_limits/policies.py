@@ -33,7 +33,7 @@ from .._args import check_int, check_seconds
 from .._backend import Backend, get_backend
 from .._errors import BackendError, BackendUnavailable
 from .._rates import Decision
-from .._scripts import Script
+from .._scripts import Arg, Script
 from .._stores.subscription import Subscription
 from .policy import DEFAULT, OWN, Policy, PolicyStore, as_policy, check_name
 
@@ -41,7 +41,7 @@ from .policy import DEFAULT, OWN, Policy, PolicyStore, as_policy, check_name
 Limiter = Any
 
 #: ``lookup(key)``: a policy's name, a ``Policy``, or None (the code's rates); sync or async.
-Lookup = Callable[[str], "str | Policy | None | Awaitable[str | Policy | None]"]
+Lookup = Callable[[str], "str | Policy | Awaitable[str | Policy | None] | None"]
 #: A resolution made while the store or the lookup failed is tried again after this (s).
 RETRY_AFTER = 1.0
 #: A resolution made before the store's channel was confirmed is trusted this long (s).
@@ -106,6 +106,7 @@ class _Inbox(Subscription):
     delivered before a waiter runs; none may be merged)."""
 
     __slots__ = ("handle",)
+    handle: Callable[[bytes], None]
 
     def _wake(self, payload: bytes) -> None:
         self.handle(payload)
@@ -326,7 +327,9 @@ class Policies:
             entries.popitem(last=False)
         return view
 
-    async def _ask(self, key: str, table: dict[str, tuple[int, Policy]]) -> tuple[str, Policy | None]:
+    async def _ask(
+        self, key: str, table: dict[str, tuple[int, Policy]]
+    ) -> tuple[str, Policy | None]:
         """``lookup``'s answer (a name the store knows, or a ``Policy``), else the default."""
         if self.lookup is None:
             return DEFAULT, None
@@ -369,21 +372,25 @@ class Policies:
         keys = [_keys.tagged(head, key, s) for s in suffixes]
         if limiter._blockable:
             keys.append(_keys.block(head, key))
-        return View(name, policy, version, keys, consts, refund, limiter._kind, clock() + ttl, stale)
+        return View(
+            name, policy, version, keys, consts, refund, limiter._kind, clock() + ttl, stale
+        )
 
     async def current(self, key: str) -> View:
         """The key's view now (cached, or read)."""
         backend = self._backend_now()
         return self.cached(key) or await self._load(backend, key)
 
-    async def send(self, script: Script, key: str, cost: int, mode: int, *extra: int) -> PolicyReply:
+    async def send(
+        self, script: Script, key: str, cost: int, mode: int, *extra: int
+    ) -> PolicyReply:
         """One decision under the key's view: one script call, or (the key's stamp newer
         than the view) a read and the call again; once more, adopting the stamp's version,
         if the store itself is behind it (a failover that lost writes)."""
         backend = self._backend_now()
         view = self.cached(key) or await self._load(backend, key)
         for attempt in range(3):
-            args = (*view.head, cost, mode, *view.consts, *extra)
+            args: tuple[Arg, ...] = (*view.head, cost, mode, *view.consts, *extra)
             reply = await backend._run(script, view.keys, args)
             if reply[0] != -1:
                 break
@@ -392,9 +399,7 @@ class Policies:
             if attempt == 0:
                 view = await self._load(backend, key, 0)
             if view.version < stamp:
-                view = self._view(
-                    backend, key, view.name, view.policy, stamp, self.ttl, view.stale
-                )
+                view = self._view(backend, key, view.name, view.policy, stamp, self.ttl, view.stale)
                 self._entries[key] = view
         else:
             raise BackendError(f"the policy stamp of {key!r} kept refusing the call")

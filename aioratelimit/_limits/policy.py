@@ -97,7 +97,9 @@ def as_policy(value: object) -> Policy:
         return Policy(value)
     if isinstance(value, (list, tuple)):
         return Policy(*value)
-    raise TypeError(f"a policy must be a Policy, a rate or a list of rates, not {type(value).__name__}")
+    raise TypeError(
+        f"a policy must be a Policy, a rate or a list of rates, not {type(value).__name__}"
+    )
 
 
 def check_name(name: object) -> str:
@@ -206,7 +208,9 @@ class PolicyStore:
         check_key(key)
         return await self._write("del", "k", key, "", "") > 0
 
-    async def read(self, *users: str, named: bool = True) -> tuple[int, dict[str, tuple[int, Policy]], list[str | Policy | None]]:
+    async def read(
+        self, *users: str, named: bool = True
+    ) -> tuple[int, dict[str, tuple[int, Policy]], list[str | Policy | None]]:
         """The store's version, its named policies (name -> (version, policy)) and the
         overrides of ``users``: one read, a consistent snapshot."""
         backend = self.backend

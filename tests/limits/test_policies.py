@@ -175,18 +175,21 @@ def test_policies_need_a_named_limiter_and_serve_one() -> None:
         arl.FixedWindow("1/second", name="b", policies=policies)
     with pytest.raises(TypeError):
         arl.Policies(lookup="tier")  # type: ignore[arg-type]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown rule"):
         arl.Policy("1/second", rule="proportionally")
 
 
 async def test_the_lookup_names_a_keys_policy(backend: arl.Backend, key: str) -> None:
     """A sync and an async lookup: a name the store knows, a Policy, or None."""
-    tiers = {key: "pro", f"{key}-own": arl.Policy("7/hour")}
+    tiers: dict[str, str | arl.Policy] = {key: "pro", f"{key}-own": arl.Policy("7/hour")}
 
     async def lookup(k: str) -> str | arl.Policy | None:
         return tiers.get(k)
 
-    for fn in (lookup, tiers.get):
+    def sync_lookup(k: str) -> str | arl.Policy | None:
+        return tiers.get(k)
+
+    for fn in (lookup, sync_lookup):
         policies = arl.Policies(fn)
         limiter = arl.FixedWindow("2/hour", backend=backend, name=named(key), policies=policies)
         await policies.set("pro", "9/hour")

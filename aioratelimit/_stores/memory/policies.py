@@ -27,7 +27,13 @@ def _scaled(rule: str, count: float, old_limit: int, new_limit: int) -> float:
 
 
 def _convert(
-    ks: Keyspace, keys: Sequence[str], kind: str, rule: str, old: list[int], new: list[int], now: int
+    ks: Keyspace,
+    keys: Sequence[str],
+    kind: str,
+    rule: str,
+    old: list[int],
+    new: list[int],
+    now: int,
 ) -> None:
     """The counters of ``keys`` (KEYS[2..]) from rates ``old`` to ``new``, by ``rule``."""
     if kind == "tb":
@@ -51,9 +57,9 @@ def _convert(
                 c = _scaled(rule, count, old[2 * i - 2], new[2 * i - 2])
                 if c != count:
                     ks.data[key] = int(c)
-                window_ms = ceil_div(new[2 * i - 1], 1000)
-                if ks.pttl(key, now) > window_ms:
-                    ks.pexpireat(key, now // 1000 + window_ms)
+                ends_ms = ceil_div(now + new[2 * i - 1], 1000)
+                if now // 1000 + ks.pttl(key, now) > ends_ms:
+                    ks.pexpireat(key, ends_ms)
     else:
         n = new[0]
         for i in range(1, (len(new) - 1) // 2 + 1):
@@ -84,10 +90,8 @@ def _stamp(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> 
     if stamp.get("r") == rates and stamp_version == version:
         return None
     new = [int(a) for a in args[6:]]
-    if kind == "tb":
-        longest = new[0] * new[1]
-    else:
-        longest = max(new[(2 if kind == "sw" else 1) :: 2])
+    # The longest window (a token bucket's: its full refill), as the Lua finds it.
+    longest = new[0] * new[1] if kind == "tb" else max(new[2 if kind == "sw" else 1 :: 2])
     old_rates = stamp.get("r")
     if old_rates is not None and old_rates != rates:
         old = [int(part) for part in old_rates.split(",") if part]
