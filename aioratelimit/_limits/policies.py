@@ -129,6 +129,7 @@ class Policies:
         "_confirmed",
         "_entries",
         "_epoch",
+        "_known",
         "_limiter",
         "_listener",
         "_store",
@@ -159,6 +160,7 @@ class Policies:
         self._listener: asyncio.Task[None] | None = None
         self._confirmed = False
         self._epoch = -1
+        self._known: dict[str, Policy] = {}  # the named policies as last read
 
     # -- binding and the store's API
 
@@ -222,6 +224,13 @@ class Policies:
         is the last known one (the store or the lookup failed)."""
         view = await self._load(self._backend_now(), key)
         return view.name, view.policy, view.stale
+
+    def known(self, name: str) -> Policy | None:
+        """The policy named ``name`` as this process last read it (``"default"``: the
+        code's rates); None for one not read yet, or a key's own (``"key"``)."""
+        if name == DEFAULT:
+            return self._limiter._default_policy if self._limiter is not None else None
+        return self._known.get(name)
 
     # -- invalidation
 
@@ -304,6 +313,7 @@ class Policies:
             # (A sync lookup runs to its end: keep it quick, or make it async.)
             async with asyncio.timeout(self.timeout):
                 version, table, (override,) = await self.store.read(key)
+                self._known = {name: policy for name, (_, policy) in table.items()}
                 if isinstance(override, str):
                     found = table.get(override)
                     name, policy = (override, found[1]) if found else (DEFAULT, None)

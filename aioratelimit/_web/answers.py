@@ -86,27 +86,66 @@ class QuotaPolicy:
     A limiter with one rate is one policy named ``name``; with several, one policy per rate,
     ``name-1``, ``name-2``..., and ``RateLimit`` reports the tightest (the decision's limit).
     A token bucket's quota is its burst, its window the time to refill a full burst.
+
+    A limiter made with ``policies=``: each decision's fields are its policy's, named as
+    the policy (``"pro"``; the code's rates keep ``name``), with its rates; a key's own
+    override (``"key"``) or a policy not read yet in this process shows the decision's
+    limit without a window.
     """
 
-    __slots__ = ("_items", "name", "policy_header")
+    __slots__ = ("_dynamic", "_items", "_limiter", "name", "policy_header")
 
     def __init__(self, limiter: Limiter, name: str) -> None:
         kind = check_limiter(limiter)
-        quotas: list[tuple[int, int]] = []
+        quotas: list[tuple[int, int | None]] = []
         if isinstance(kind, TokenBucket):
             rate = kind.rate
             quotas.append((kind.burst, seconds_header(kind.burst * rate.window / rate.limit)))
         elif isinstance(kind, (FixedWindow, SlidingWindow)):
             quotas.extend((r.limit, seconds_header(r.window)) for r in kind.rates)
         self.name = self.check_name(name)
+        self._limiter = kind
+        self._items, self.policy_header = self._quota(name, quotas)
+        # (policy name, policy) -> its items and header; a handful of tiers
+        self._dynamic: dict[tuple[str, object], tuple[list[tuple[str, int]], bytes]] = {}
+
+    @staticmethod
+    def _quota(
+        name: str, quotas: list[tuple[int, int | None]]
+    ) -> tuple[list[tuple[str, int]], bytes]:
         if len(quotas) == 1:
             names = [sf_string(name)]
         else:
             names = [sf_string(f"{name}-{i}") for i in range(1, len(quotas) + 1)]
-        self._items = [(n, q) for n, (q, _) in zip(names, quotas, strict=True)]
-        self.policy_header = ", ".join(
-            f"{n};q={q};w={w}" for n, (q, w) in zip(names, quotas, strict=True)
+        header = ", ".join(
+            f"{n};q={q}" + ("" if w is None else f";w={w}")
+            for n, (q, w) in zip(names, quotas, strict=True)
         ).encode("ascii")
+        return [(n, q) for n, (q, _) in zip(names, quotas, strict=True)], header
+
+    def _for(self, decision: Decision) -> tuple[list[tuple[str, int]], bytes]:
+        """The items and ``RateLimit-Policy`` of the policy ``decision`` obeyed."""
+        name = decision.policy
+        policies = self._limiter._policies
+        if name is None or policies is None or name == "default":
+            return self._items, self.policy_header
+        policy = policies.known(name)
+        found = self._dynamic.get((name, policy or decision.limit))
+        if found is not None:
+            return found
+        quotas: list[tuple[int, int | None]] = [(decision.limit, None)]
+        if policy is not None and isinstance(self._limiter, TokenBucket):
+            rate = policy.rates[0]
+            quotas = [(rate.limit, seconds_header(rate.window))]
+        elif policy is not None:
+            quotas = [(r.limit, seconds_header(r.window)) for r in policy.rates]
+        try:
+            found = self._quota(name, quotas)
+        except ValueError:  # a name a header cannot carry: the limiter's own
+            found = self._quota(self.name, quotas)
+        if len(self._dynamic) < 256:
+            self._dynamic[name, policy or decision.limit] = found
+        return found
 
     @staticmethod
     def check_name(name: object) -> str:
@@ -116,11 +155,12 @@ class QuotaPolicy:
         sf_string(name)
         return name
 
-    def _item(self, limit: int) -> str:
-        for item, quota in self._items:
+    @staticmethod
+    def _item(items: list[tuple[str, int]], limit: int) -> str:
+        for item, quota in items:
             if quota == limit:
                 return item
-        return self._items[0][0]
+        return items[0][0]
 
     @staticmethod
     def reset_seconds(decision: Decision) -> int:
@@ -132,7 +172,7 @@ class QuotaPolicy:
 
     def ratelimit(self, decision: Decision) -> bytes:
         """The ``RateLimit`` field: remaining quota and seconds until it resets."""
-        item = self._item(decision.limit)
+        item = self._item(self._for(decision)[0], decision.limit)
         return f"{item};r={decision.remaining};t={self.reset_seconds(decision)}".encode("ascii")
 
     def headers(self, decision: Decision, legacy: bool = False) -> list[tuple[bytes, bytes]]:
@@ -140,7 +180,7 @@ class QuotaPolicy:
         ``X-RateLimit-Limit``, ``-Remaining`` and ``-Reset`` (a Unix time in whole seconds,
         as GitHub and most clients read it: when ``t`` of ``RateLimit`` runs out)."""
         fields = [
-            (b"ratelimit-policy", self.policy_header),
+            (b"ratelimit-policy", self._for(decision)[1]),
             (b"ratelimit", self.ratelimit(decision)),
         ]
         if not decision.allowed:
