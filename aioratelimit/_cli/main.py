@@ -3,6 +3,7 @@
 ``demo``     the limiters at work
 ``inspect``  a key under a limiter spec, a lock, a semaphore, an idempotency key
 ``reset``    forget a key; free a lock whose holder crashed (``--force``)
+``policy``   a limiter's policies: set, get, list, delete, assign, unassign
 ``doctor``   is this deployment ready: version, mode, scripts, clock, latency
 ``bench``    ours against the raw redis-py floor, sequential and concurrent
 
@@ -51,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     from . import bench as _cli_bench
     from . import demo as _cli_demo
     from . import doctor as _cli_doctor
+    from . import policy as _cli_policy
     from . import state as _cli_state
 
     common = _Parser(add_help=False)
@@ -114,6 +116,8 @@ def _parser() -> argparse.ArgumentParser:
     lock.add_argument("--force", action="store_true", help="free it (asks first)")
     lock.add_argument("--yes", action="store_true", help="do not ask")
     lock.set_defaults(sync=_cli_state.reset_lock, needs_url=True)
+
+    _cli_policy.add_commands(commands, common)
 
     doctor = commands.add_parser(
         "doctor", parents=[common], help="check a deployment is ready (exit 0) or not (1)"
