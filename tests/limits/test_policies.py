@@ -262,8 +262,9 @@ async def test_a_change_over_another_backend_arrives_here(
     cached view through the store's channel (long before its ttl); the delay is printed."""
     policies = arl.Policies(ttl=3600)
     limiter = arl.FixedWindow("2/hour", backend=backend, name=named(key), policies=policies)
-    assert (await limiter.peek(key)).limit == 2
+    await limiter.peek(f"{key}-first")  # starts the listener
     await until(lambda: policies._confirmed)
+    assert (await limiter.peek(key)).limit == 2  # resolved once confirmed: kept an hour
     other = backend if backend_url == "memory://" else arl.Backend.from_url(backend_url)
     try:
         remote = arl.Policies()
