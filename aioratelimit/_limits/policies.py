@@ -83,21 +83,22 @@ class View:
         return self.head[0]
 
 
-class PolicyReply(list[Any]):
-    """A limiter script's reply, with the view it was made under."""
+#: A limiter script's reply, with the view it was made under.
+PolicyReply = tuple[list[Any], View]
 
-    __slots__ = ("view",)
-    view: View
+_set = object.__setattr__
 
 
-def decode(reply: list[Any]) -> Decision:
+def decode(reply: PolicyReply | list[Any]) -> Decision:
     """``Decision.from_reply``, naming the policy (and whether it was the last known); a
-    fallback limiter's reply (``on_unavailable=Fallback``) names none."""
-    d = Decision.from_reply(reply)
-    view = getattr(reply, "view", None)
-    if view is not None:
-        object.__setattr__(d, "policy", view.name)
-        object.__setattr__(d, "policy_stale", view.stale)
+    fallback limiter's reply (``on_unavailable=Fallback``, a plain list) names none."""
+    if not isinstance(reply, tuple):
+        return Decision.from_reply(reply)
+    raw, view = reply
+    d = Decision.from_reply(raw)
+    _set(d, "policy", view.name)
+    if view.stale:
+        _set(d, "policy_stale", True)
     return d
 
 
@@ -132,6 +133,7 @@ class Policies:
         "_known",
         "_limiter",
         "_listener",
+        "_listening",
         "_store",
         "lookup",
         "size",
@@ -158,7 +160,7 @@ class Policies:
         self._store: PolicyStore | None = None
         self._backend: Backend | None = None
         self._listener: asyncio.Task[None] | None = None
-        self._confirmed = False
+        self._confirmed = self._listening = False
         self._epoch = -1
         self._known: dict[str, Policy] = {}  # the named policies as last read
 
@@ -281,25 +283,40 @@ class Policies:
         try:
             if not notifier.attach(sub):
                 await sub.__aenter__()
-            if notifier.confirmed(channel):
-                self._epoch, self._confirmed = notifier.epoch, True
+            self._listening = True
+            self._trust(backend)
             while True:
                 await sub.wait(None)
         finally:
             sub.close()
-            self._confirmed = False
+            self._confirmed = self._listening = False
 
     # -- resolution
 
     def cached(self, key: str) -> View | None:
-        """The hot path: the key's view if still trusted (a dict hit and two tests)."""
+        """The key's view if still trusted (a dict hit and two tests)."""
         view = self._entries.get(key)
-        if view is None or view.expires < clock():
-            return None
         backend = self._backend
-        if backend is None or backend._notifier.epoch != self._epoch:
-            return None  # the subscriber was lost: a message may have been
+        if view is None or view.expires < clock() or backend is None:
+            return None
+        if self._confirmed and backend._notifier.epoch != self._epoch:
+            self._resubscribed(backend)
+            return None
         return view
+
+    def _resubscribed(self, backend: Backend) -> None:
+        """The subscriber was lost since the channel was confirmed: a message may have
+        been, so every view goes; the new subscription is trusted once confirmed."""
+        self._entries.clear()
+        self._confirmed = False
+        self._trust(backend)
+
+    def _trust(self, backend: Backend) -> None:
+        """Trust the views from now on for ``ttl`` if the listener holds the channel and
+        the server confirmed it (in this subscriber's epoch)."""
+        notifier = backend._notifier
+        if self._listening and notifier.confirmed(self.store.keys(backend)[2]):
+            self._epoch, self._confirmed = notifier.epoch, True
 
     async def _load(self, backend: Backend, key: str, at_least: int = 0) -> View:
         """Resolve ``key``: one store read (and ``lookup``), each within ``timeout``; on a
@@ -307,6 +324,8 @@ class Policies:
         self._listen(backend)
         limiter = self._limiter
         assert limiter is not None
+        if not self._confirmed:
+            self._trust(backend)
         trusted = self._confirmed and backend._notifier.epoch == self._epoch
         ttl = self.ttl if trusted else min(self.ttl, UNCONFIRMED_TTL)
         try:
@@ -397,8 +416,18 @@ class Policies:
         """One decision under the key's view: one script call, or (the key's stamp newer
         than the view) a read and the call again; once more, adopting the stamp's version,
         if the store itself is behind it (a failover that lost writes)."""
-        backend = self._backend_now()
-        view = self.cached(key) or await self._load(backend, key)
+        limiter = self._limiter
+        assert limiter is not None
+        backend: Backend = limiter._backend or get_backend()
+        if backend is not self._backend:
+            backend = self._backend_now()
+        # ``cached``, inline: the hot path
+        view = self._entries.get(key)
+        if view is None or view.expires < clock():
+            view = await self._load(backend, key)
+        elif self._confirmed and backend._notifier.epoch != self._epoch:
+            self._resubscribed(backend)
+            view = await self._load(backend, key)
         for attempt in range(3):
             args: tuple[Arg, ...] = (*view.head, cost, mode, *view.consts, *extra)
             reply = await backend._run(script, view.keys, args)
@@ -413,9 +442,7 @@ class Policies:
                 self._entries[key] = view
         else:
             raise BackendError(f"the policy stamp of {key!r} kept refusing the call")
-        out = PolicyReply(reply)
-        out.view = view
-        return out
+        return reply, view
 
     def __repr__(self) -> str:
         name = self._store.name if self._store is not None else None

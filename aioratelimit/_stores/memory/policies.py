@@ -81,14 +81,15 @@ def _convert(
 
 def _stamp(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply | None:
     """``lua/policy_stamp.lua``: the refusal of a stale call, or None (go on)."""
-    version, kind, rule = int(args[0]), _text(args[1]), _text(args[2])
-    rates = ",".join(_text(a) for a in args[6:])
+    version = int(args[0])
+    rates = ",".join([str(a) if type(a) is int else _text(a) for a in args[6:]])
     stamp = ks.get(keys[0], now) or {}
     stamp_version = stamp.get("v")
     if stamp_version is not None and stamp_version > version:
         return [-1, stamp_version]
-    if stamp.get("r") == rates and stamp_version == version:
-        return None
+    if stamp_version == version and stamp.get("r") == rates:
+        return None  # the rates last applied: nothing to convert (every call but a change)
+    kind, rule = _text(args[1]), _text(args[2])
     new = [int(a) for a in args[6:]]
     # The longest window (a token bucket's: its full refill), as the Lua finds it.
     longest = new[0] * new[1] if kind == "tb" else max(new[2 if kind == "sw" else 1 :: 2])
