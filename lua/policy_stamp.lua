@@ -4,29 +4,35 @@
 -- applied to its counters, converts the counters once when they differ (by the call's rule),
 -- then takes its own KEY and ARGVs away: the script after it sees its usual KEYS and ARGV.
 --
--- KEYS[1]  the key's stamp (hash: v = policy version, r = the rates' ARGV joined by ',',
---          p = policy name; expires 2 longest windows after it was last written: a
---          stamp gone finds counters of the same rates, or none, and takes them as they are)
+-- KEYS[1]  the key's stamp (string "<version>|<rates>": the version and the rates last
+--          applied, the rates as the script's ARGV after the mode joined by ','; expires 2
+--          longest windows after it was last written: a stamp gone finds counters of the
+--          same rates, or none, and takes them as they are)
 -- KEYS[2..] the script's KEYS: one counter per rate *position* (names without rate values)
--- ARGV[1]  version  the caller's view of the policy store (integer >= 0, monotonic)
--- ARGV[2]  kind     'fw', 'sw' or 'tb': how the counters are converted
--- ARGV[3]  rule     'keep' (counts as they are), 'proportional' (scaled by new/old limit,
---                   rounded up) or 'reset' (counters removed) when the rates change
--- ARGV[4]  name     the policy's name (kept in the stamp for inspect)
--- ARGV[5..] the script's ARGV (cost, mode, its rates' arguments)
+-- ARGV[1]  stamp    "<version>|<rates>" the call's: version = the caller's view of the
+--                   policy store (integer >= 0, monotonic), rates = ARGV[5..] joined by ','
+-- ARGV[2]  how      "<kind>|<rule>": kind 'fw', 'sw' or 'tb' (how the counters are
+--                   converted), rule 'keep' (counts as they are), 'proportional' (scaled
+--                   by new/old limit, rounded up) or 'reset' (counters removed)
+-- ARGV[3..] the script's ARGV (cost, mode, its rates' arguments)
 --
 -- Reply: {-1, stamp version} and nothing written when the stamp is newer than the call (the
 --   caller refreshes its view and calls again: two processes never flip-flop the rates);
---   else the script's own reply, made under the call's rates.
-local policy_version = tonumber(ARGV[1])
-local policy_kind, policy_rule = ARGV[2], ARGV[3]
-local policy_rates = table.concat(ARGV, ',', 7)
-local policy_stamp = redis.call('HMGET', KEYS[1], 'v', 'r')
-local stamp_version = tonumber(policy_stamp[1])
-if stamp_version and stamp_version > policy_version then
-  return {-1, stamp_version}
-end
-if policy_stamp[2] ~= policy_rates or stamp_version ~= policy_version then
+--   else the script's own reply, made under the call's rates. The usual call (the stamp
+--   is the call's) costs a GET and a string comparison.
+local policy_stamp = redis.call('GET', KEYS[1])
+if policy_stamp ~= ARGV[1] then
+  local policy_version = tonumber(string.match(ARGV[1], '^%d+'))
+  local policy_rates = string.match(ARGV[1], '|(.*)$')
+  local policy_kind, policy_rule = string.match(ARGV[2], '^(%a+)|(%a+)$')
+  local stamp_version, stamp_rates
+  if policy_stamp then
+    stamp_version = tonumber(string.match(policy_stamp, '^%d+'))
+    stamp_rates = string.match(policy_stamp, '|(.*)$')
+  end
+  if stamp_version and stamp_version > policy_version then
+    return {-1, stamp_version}
+  end
   local function numbers(text)
     local out = {}
     for part in string.gmatch(text, '[^,]+') do out[#out + 1] = tonumber(part) end
@@ -45,8 +51,8 @@ if policy_stamp[2] ~= policy_rates or stamp_version ~= policy_version then
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   -- (Expiries by PEXPIREAT on this clock, as the scripts set them, never PEXPIRE's.)
   local now_ms = now - now % 1000
-  if policy_stamp[2] and policy_stamp[2] ~= policy_rates then
-    local old = numbers(policy_stamp[2])
+  if stamp_rates and stamp_rates ~= policy_rates then
+    local old = numbers(stamp_rates)
     local function scaled(count, old_limit, new_limit)
       if policy_rule == 'proportional' then
         return math.ceil(count * new_limit / old_limit)
@@ -111,8 +117,8 @@ if policy_stamp[2] ~= policy_rates or stamp_version ~= policy_version then
       end
     end
   end
-  redis.call('HSET', KEYS[1], 'v', policy_version, 'r', policy_rates, 'p', ARGV[4])
-  redis.call('PEXPIREAT', KEYS[1], now_ms / 1000 + 2 * math.ceil(longest / 1000))
+  redis.call('SET', KEYS[1], ARGV[1], 'PXAT', now_ms / 1000 + 2 * math.ceil(longest / 1000))
 end
 table.remove(KEYS, 1)
-for _ = 1, 4 do table.remove(ARGV, 1) end
+table.remove(ARGV, 1)
+table.remove(ARGV, 1)

@@ -38,7 +38,7 @@ from . import waiting as _waiting
 from .deny_cache import DenyCache
 from .failure import Breaker, Fallback, OnUnavailable
 from .guard import Guard, Options, check_cost
-from .policies import Policies
+from .policies import Direct, Policies
 from .policies import decode as policy_decode
 from .policy import MAX_RATES, Policy
 
@@ -172,7 +172,8 @@ class Limiter:
             fallback = self._fallback._send
         if cache is None and options.plain and policies is None:
             return
-        self._guard = Guard(
+        direct = policies is not None and cache is None and options.plain and fallback is None
+        self._guard = (Direct if direct else Guard)(
             send,
             decode,
             options,
@@ -183,6 +184,8 @@ class Limiter:
             head=(self._kind, self.name),
             observed=(self.name, self._script.name),
         )
+        if isinstance(self._guard, Direct) and policies is not None:
+            self._guard.policies, self._guard.script = policies, self._policy_script
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
         """The same limiter with every limit scaled to ``share``, on ``backend``."""

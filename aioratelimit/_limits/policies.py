@@ -28,13 +28,14 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .. import _keys
-from .._args import check_int, check_seconds
+from .. import _keys, _observe
+from .._args import MAX_COUNT, check_count, check_int, check_key, check_seconds
 from .._backend import Backend, get_backend
 from .._errors import BackendError, BackendUnavailable
 from .._rates import Decision
 from .._scripts import Arg, Script
 from .._stores.subscription import Subscription
+from .guard import Guard
 from .policy import DEFAULT, OWN, Policy, PolicyStore, as_policy, check_name
 
 #: The limiter its policies serve (``limiter.Limiter``, which imports this module).
@@ -49,12 +50,27 @@ UNCONFIRMED_TTL = 1.0
 
 clock = time.monotonic
 
+#: The listeners' tasks, held here: a task nothing else refers to may be collected.
+_LISTENERS: set[asyncio.Task[None]] = set()
+#: How often (s) a listener looks whether its backend was closed (then it leaves).
+CLOSED_CHECK = 1.0
+
 
 class View:
     """One key's resolved policy, ready to send: the script's KEYS, the preamble's ARGV,
     the rates' arguments, and until when it is trusted (``clock``)."""
 
-    __slots__ = ("consts", "expires", "head", "keys", "name", "policy", "refund", "stale")
+    __slots__ = (
+        "consts",
+        "expires",
+        "head",
+        "keys",
+        "name",
+        "policy",
+        "refund",
+        "stale",
+        "version",
+    )
 
     def __init__(
         self,
@@ -75,12 +91,10 @@ class View:
             consts,
             refund,
         )
-        self.head = (version, kind, policy.rule, name)
+        # ``lua/policy_stamp.lua``'s ARGV: the stamp this call makes, and how to convert
+        self.head = (f"{version}|{','.join(map(str, consts))}", f"{kind}|{policy.rule}")
+        self.version = version
         self.expires, self.stale = expires, stale
-
-    @property
-    def version(self) -> int:
-        return self.head[0]
 
 
 #: A limiter script's reply, with the view it was made under.
@@ -273,7 +287,9 @@ class Policies:
         if task is not None and not task.done() and task.get_loop() is loop:
             return
         self._confirmed = False
-        self._listener = loop.create_task(self._hold(backend))
+        task = self._listener = loop.create_task(self._hold(backend))
+        _LISTENERS.add(task)
+        task.add_done_callback(_LISTENERS.discard)
 
     async def _hold(self, backend: Backend) -> None:
         notifier = backend._notifier
@@ -285,8 +301,8 @@ class Policies:
                 await sub.__aenter__()
             self._listening = True
             self._trust(backend)
-            while True:
-                await sub.wait(None)
+            while not notifier._closed:  # (messages are handled as delivered: ``_Inbox``)
+                await sub.wait(CLOSED_CHECK)
         finally:
             sub.close()
             self._confirmed = self._listening = False
@@ -447,6 +463,31 @@ class Policies:
     def __repr__(self) -> str:
         name = self._store.name if self._store is not None else None
         return f"<Policies {name!r} keys={len(self._entries)}/{self.size} ttl={self.ttl}>"
+
+
+class Direct(Guard[Any]):
+    """The guard of a limiter with policies and no other option: a decision is the view's
+    one script call, without ``Guard``'s bookkeeping (a deny cache, a breaker, shadow mode
+    and a fallback take the full ``Guard``); reported through it while a recorder is on."""
+
+    __slots__ = ("policies", "script")
+    policies: Policies
+    script: Script
+
+    def cached(self, key: str, cost: int, mode: int) -> Decision | None:
+        return None
+
+    def decide(self, key: str, cost: int, mode: int) -> Awaitable[Decision]:
+        if _observe.recorder is not None:
+            return super().decide(key, cost, mode)
+        return self._direct(key, cost, mode)
+
+    async def _direct(self, key: str, cost: int, mode: int) -> Decision:
+        if type(key) is not str or not key:
+            check_key(key)
+        if type(cost) is not int or not 0 < cost <= MAX_COUNT:
+            check_count(cost, "cost")
+        return decode(await self.policies.send(self.script, key, cost, mode))
 
 
 class LookupFailed(Exception):

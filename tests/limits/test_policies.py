@@ -249,7 +249,7 @@ async def test_a_call_older_than_the_stamp_is_refused(backend: arl.Backend, key:
     await spend(limiter, key, 2)
     head = backend._head("fw", named(key))
     keys = [_keys.tagged(head, key, s) for s in _keys.policy_suffixes(1)]
-    old = (v - 1, "fw", "keep", "default", 1, 1, 5, 3_600_000_000)
+    old = (f"{v - 1}|5,3600000000", "fw|keep", 1, 1, 5, 3_600_000_000)
     assert await backend._run(_scripts.FIXED_WINDOW_POLICY, keys, old) == [-1, v]
     d = await limiter.peek(key)
     assert (d.limit, d.remaining) == (10, 7)

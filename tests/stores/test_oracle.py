@@ -265,7 +265,7 @@ def key_type(key: str) -> bytes:
     if key.endswith("}:block"):  # a limiter's block (``_keys.block``)
         return b"string"
     if key.endswith("}:stamp"):  # a policy limiter's stamp (``_keys.policy_suffixes``)
-        return b"hash"
+        return b"string"
     return TYPES["sem-fence" if kind == "sem" and key.endswith(":fence") else kind]
 
 
@@ -587,8 +587,9 @@ def policy_calls(kind: str) -> st.SearchStrategy[Call]:
             keys = tuple(policy_keys(kind, user, positions, blockable))
             resets.append(Call("delete", keys, ()))
             for version, how, mode in product(POLICY_VERSIONS, RULES, (0, 1, 2, 5)):
+                stamp = f"{version}|{','.join(map(str, consts))}"
                 hits += [
-                    Call(f"{script}_policy", keys, (version, kind, how, "a", c, mode, *consts))
+                    Call(f"{script}_policy", keys, (stamp, f"{kind}|{how}", c, mode, *consts))
                     for c in costs(rates, mode)[:2]
                 ]
     return weighted((hits, 8), (resets, 1))
@@ -1272,7 +1273,7 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     store_keys = list(_keys.policies(head(_keys.POLICY_KIND), "api"))
     channel = store_keys.pop()
     expect("policy_read", store_keys, ("1", "u"))
-    fixed_args: tuple[Arg, ...] = (0, "fw", "keep", "default", 2, 1, *rate_args(rates))
+    fixed_args: tuple[Arg, ...] = ("0|3,2500,5,10000", "fw|keep", 2, 1, *rate_args(rates))
     expect("fixed_window_policy", policy_keys("fw", "u", 2, False), fixed_args)
     record = '{"rates":[[3,2500]],"rule":"keep"}'
     expect("policy_write", store_keys, ("set", "p", "pro", record, "", channel, "PUBLISH"))
@@ -1280,14 +1281,14 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
         *limits, buckets=7, backend=backend, name="api", policies=arl.Policies()
     )
     await psliding.hit("u")
-    sliding_args: tuple[Arg, ...] = (1, "sw", "keep", "default", 1, 1, 7, *rate_args(rates))
+    sliding_args: tuple[Arg, ...] = ("1|7,3,2500,5,10000", "sw|keep", 1, 1, 7, *rate_args(rates))
     expect("policy_read", store_keys, ("1", "u"))
     expect("sliding_window_policy", policy_keys("sw", "u", 2, False), sliding_args)
     pbucket = arl.TokenBucket(
         limits[0], burst=2, backend=backend, name="api", policies=arl.Policies()
     )
     await pbucket.hit("u")
-    bucket_args: tuple[Arg, ...] = (1, "tb", "keep", "default", 1, 1, 2, interval_us(R3))
+    bucket_args: tuple[Arg, ...] = ("1|2,834", "tb|keep", 1, 1, 2, interval_us(R3))
     expect("policy_read", store_keys, ("1", "u"))
     expect("token_bucket_policy", policy_keys("tb", "u", 1, False), bucket_args)
 

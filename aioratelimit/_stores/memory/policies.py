@@ -81,47 +81,44 @@ def _convert(
 
 def _stamp(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply | None:
     """``lua/policy_stamp.lua``: the refusal of a stale call, or None (go on)."""
-    version = int(args[0])
-    rates = ",".join([str(a) if type(a) is int else _text(a) for a in args[6:]])
-    stamp = ks.get(keys[0], now) or {}
-    stamp_version = stamp.get("v")
+    want = _text(args[0])
+    held = ks.get(keys[0], now)
+    if held == want:
+        return None  # the rates last applied: nothing to convert (every call but a change)
+    version_text, _, rates = want.partition("|")
+    version = int(version_text)
+    kind, _, rule = _text(args[1]).partition("|")
+    stamp_version, stamp_rates = None, None
+    if held is not None:
+        stamp_text, _, stamp_rates = held.partition("|")
+        stamp_version = int(stamp_text)
     if stamp_version is not None and stamp_version > version:
         return [-1, stamp_version]
-    if stamp_version == version and stamp.get("r") == rates:
-        return None  # the rates last applied: nothing to convert (every call but a change)
-    kind, rule = _text(args[1]), _text(args[2])
-    new = [int(a) for a in args[6:]]
+    new = [int(part) for part in rates.split(",") if part]
     # The longest window (a token bucket's: its full refill), as the Lua finds it.
     longest = new[0] * new[1] if kind == "tb" else max(new[2 if kind == "sw" else 1 :: 2])
-    old_rates = stamp.get("r")
-    if old_rates is not None and old_rates != rates:
-        old = [int(part) for part in old_rates.split(",") if part]
+    if stamp_rates is not None and stamp_rates != rates:
+        old = [int(part) for part in stamp_rates.split(",") if part]
         _convert(ks, keys, kind, rule, old, new, now)
-    fresh = {"v": version, "r": rates, "p": _text(args[3])}
-    held = ks.get(keys[0], now)
-    if held is None:
-        ks.set(keys[0], fresh)
-    else:
-        held.update(fresh)
-    ks.pexpireat(keys[0], now // 1000 + 2 * ceil_div(longest, 1000))
+    ks.set(keys[0], want, now // 1000 + 2 * ceil_div(longest, 1000))
     return None
 
 
 def fixed_window_policy(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
     refused = _stamp(ks, keys, args, now)
-    return refused or fixed_window(ks, keys[1:], args[4:], now)
+    return refused or fixed_window(ks, keys[1:], args[2:], now)
 
 
 def sliding_window_policy(
     ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int
 ) -> Reply:
     refused = _stamp(ks, keys, args, now)
-    return refused or sliding_window(ks, keys[1:], args[4:], now)
+    return refused or sliding_window(ks, keys[1:], args[2:], now)
 
 
 def token_bucket_policy(ks: Keyspace, keys: Sequence[str], args: Sequence[Arg], now: int) -> Reply:
     refused = _stamp(ks, keys, args, now)
-    return refused or token_bucket(ks, keys[1:], args[4:], now)
+    return refused or token_bucket(ks, keys[1:], args[2:], now)
 
 
 # -- lua/policy_write.lua ------------------------------------------------------------------
