@@ -38,9 +38,10 @@ from . import waiting as _waiting
 from .deny_cache import DenyCache
 from .failure import Breaker, Fallback, OnUnavailable
 from .guard import Guard, Options, check_cost
-from .policies import Direct, Policies
-from .policies import decode as policy_decode
+from .policies import Policies
 from .policy import MAX_RATES, Policy
+from .policy_views import Direct
+from .policy_views import decode as policy_decode
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -28,15 +28,13 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .. import _keys, _observe
-from .._args import MAX_COUNT, check_count, check_int, check_key, check_seconds
+from .. import _keys
+from .._args import check_int, check_seconds
 from .._backend import Backend, get_backend
 from .._errors import BackendError, BackendUnavailable
-from .._rates import Decision
 from .._scripts import Arg, Script
-from .._stores.subscription import Subscription
-from .guard import Guard
 from .policy import DEFAULT, OWN, Policy, PolicyStore, as_policy, check_name
+from .policy_views import Inbox, PolicyReply, View
 
 #: The limiter its policies serve (``limiter.Limiter``, which imports this module).
 Limiter = Any
@@ -54,78 +52,6 @@ clock = time.monotonic
 _LISTENERS: set[asyncio.Task[None]] = set()
 #: How often (s) a listener looks whether its backend was closed (then it leaves).
 CLOSED_CHECK = 1.0
-
-
-class View:
-    """One key's resolved policy, ready to send: the script's KEYS, the preamble's ARGV,
-    the rates' arguments, and until when it is trusted (``clock``)."""
-
-    __slots__ = (
-        "consts",
-        "expires",
-        "head",
-        "keys",
-        "name",
-        "policy",
-        "refund",
-        "stale",
-        "version",
-    )
-
-    def __init__(
-        self,
-        name: str,
-        policy: Policy,
-        version: int,
-        keys: list[str],
-        consts: tuple[int, ...],
-        refund: tuple[int, ...],
-        kind: str,
-        expires: float,
-        stale: bool,
-    ) -> None:
-        self.name, self.policy, self.keys, self.consts, self.refund = (
-            name,
-            policy,
-            keys,
-            consts,
-            refund,
-        )
-        # ``lua/policy_stamp.lua``'s ARGV: the stamp this call makes, and how to convert
-        self.head = (f"{version}|{','.join(map(str, consts))}", f"{kind}|{policy.rule}")
-        self.version = version
-        self.expires, self.stale = expires, stale
-
-
-#: A limiter script's reply, with the view it was made under.
-PolicyReply = tuple[list[Any], View]
-
-_set = object.__setattr__
-
-
-def decode(reply: PolicyReply | list[Any]) -> Decision:
-    """``Decision.from_reply``, naming the policy (and whether it was the last known); a
-    fallback limiter's reply (``on_unavailable=Fallback``, a plain list) names none."""
-    if not isinstance(reply, tuple):
-        return Decision.from_reply(reply)
-    raw, view = reply
-    d = Decision.from_reply(raw)
-    _set(d, "policy", view.name)
-    if view.stale:
-        _set(d, "policy_stale", True)
-    return d
-
-
-class _Inbox(Subscription):
-    """The store's channel: each message is handled as it is delivered (several may be
-    delivered before a waiter runs; none may be merged)."""
-
-    __slots__ = ("handle",)
-    handle: Callable[[bytes], None]
-
-    def _wake(self, payload: bytes) -> None:
-        self.handle(payload)
-        super()._wake(payload)
 
 
 class Policies:
@@ -294,14 +220,14 @@ class Policies:
     async def _hold(self, backend: Backend) -> None:
         notifier = backend._notifier
         channel = self.store.keys(backend)[2]
-        sub = _Inbox(notifier, channel)
+        sub = Inbox(notifier, channel)
         sub.handle = self._changed
         try:
             if not notifier.attach(sub):
                 await sub.__aenter__()
             self._listening = True
             self._trust(backend)
-            while not notifier._closed:  # (messages are handled as delivered: ``_Inbox``)
+            while not notifier._closed:  # (messages are handled as delivered: ``Inbox``)
                 await sub.wait(CLOSED_CHECK)
         finally:
             sub.close()
@@ -417,14 +343,29 @@ class Policies:
         keys = [_keys.tagged(head, key, s) for s in suffixes]
         if limiter._blockable:
             keys.append(_keys.block(head, key))
-        return View(
-            name, policy, version, keys, consts, refund, limiter._kind, clock() + ttl, stale
-        )
+        expires = clock() + ttl
+        kind = limiter._kind
+        return View(backend, name, policy, version, keys, consts, refund, kind, expires, stale)
 
     async def current(self, key: str) -> View:
         """The key's view now (cached, or read)."""
         backend = self._backend_now()
         return self.cached(key) or await self._load(backend, key)
+
+    def ready(self, key: str) -> View | None:
+        """The hot path: the key's view, if cached, still trusted and of the limiter's
+        backend now; else None (``send`` resolves it)."""
+        view = self._entries.get(key)
+        if view is None or view.expires < clock():
+            return None
+        backend = view.backend
+        limiter = self._limiter
+        if limiter is None or backend is not (limiter._backend or get_backend()):
+            return None
+        if self._confirmed and backend._notifier.epoch != self._epoch:
+            self._resubscribed(backend)
+            return None
+        return view
 
     async def send(
         self, script: Script, key: str, cost: int, mode: int, *extra: int
@@ -432,18 +373,8 @@ class Policies:
         """One decision under the key's view: one script call, or (the key's stamp newer
         than the view) a read and the call again; once more, adopting the stamp's version,
         if the store itself is behind it (a failover that lost writes)."""
-        limiter = self._limiter
-        assert limiter is not None
-        backend: Backend = limiter._backend or get_backend()
-        if backend is not self._backend:
-            backend = self._backend_now()
-        # ``cached``, inline: the hot path
-        view = self._entries.get(key)
-        if view is None or view.expires < clock():
-            view = await self._load(backend, key)
-        elif self._confirmed and backend._notifier.epoch != self._epoch:
-            self._resubscribed(backend)
-            view = await self._load(backend, key)
+        backend = self._backend_now()
+        view = self.ready(key) or await self._load(backend, key)
         for attempt in range(3):
             args: tuple[Arg, ...] = (*view.head, cost, mode, *view.consts, *extra)
             reply = await backend._run(script, view.keys, args)
@@ -463,31 +394,6 @@ class Policies:
     def __repr__(self) -> str:
         name = self._store.name if self._store is not None else None
         return f"<Policies {name!r} keys={len(self._entries)}/{self.size} ttl={self.ttl}>"
-
-
-class Direct(Guard[Any]):
-    """The guard of a limiter with policies and no other option: a decision is the view's
-    one script call, without ``Guard``'s bookkeeping (a deny cache, a breaker, shadow mode
-    and a fallback take the full ``Guard``); reported through it while a recorder is on."""
-
-    __slots__ = ("policies", "script")
-    policies: Policies
-    script: Script
-
-    def cached(self, key: str, cost: int, mode: int) -> Decision | None:
-        return None
-
-    def decide(self, key: str, cost: int, mode: int) -> Awaitable[Decision]:
-        if _observe.recorder is not None:
-            return super().decide(key, cost, mode)
-        return self._direct(key, cost, mode)
-
-    async def _direct(self, key: str, cost: int, mode: int) -> Decision:
-        if type(key) is not str or not key:
-            check_key(key)
-        if type(cost) is not int or not 0 < cost <= MAX_COUNT:
-            check_count(cost, "cost")
-        return decode(await self.policies.send(self.script, key, cost, mode))
 
 
 class LookupFailed(Exception):
