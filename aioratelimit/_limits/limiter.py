@@ -194,7 +194,8 @@ class Limiter:
 
     def _shown(self) -> str:
         """Its options in its repr, with their live state (nothing when all are off)."""
-        return "" if self._guard is None else self._guard.shown()
+        text = "" if self._guard is None else self._guard.shown()
+        return text if self._policies is None else f"{text} policies={self._policies!r}"
 
     @property
     def breaker(self) -> Breaker | None:

@@ -330,3 +330,14 @@ async def test_a_refund_goes_to_the_keys_current_rates(
     await spend(limiter, key, 4)
     assert await limiter.refund(key) == 1
     assert await admitted(limiter, key, 2) == 1
+
+
+async def test_a_waiter_books_under_the_keys_policy(backend: arl.Backend, key: str) -> None:
+    """A TokenBucket waiter (``acquire(wait=True)``) books its slot under the key's policy."""
+    policies = arl.Policies()
+    limiter = arl.TokenBucket("1/hour", backend=backend, name=named(key), policies=policies)
+    await policies.assign(key, arl.Policy("20/second"))
+    await spend(limiter, key, 20)
+    d = await limiter.acquire(key, wait=True, timeout=30)
+    assert (d.allowed, d.limit, d.policy) == (True, 20, "key")
+    assert "policies=<Policies" in repr(limiter)
