@@ -152,7 +152,7 @@ class Limiter:
             self._policies = policies
             self._suffixes = _keys.policy_suffixes(MAX_RATES)
             self._max_cost = MAX_COUNT  # the key's policy's limit denies what it cannot admit
-            send = functools.partial(policies.send, self._policy_script)
+            send = functools.partial(policies._send, self._policy_script)
             decode = policy_decode
         if deny_cache is not None and self.count_denied:
             # A cached denial never reaches the server, where a denied hit must be counted.
@@ -248,7 +248,7 @@ class Limiter:
         if extra and self._policies is not None:  # (a TokenBucket waiter's booking)
             check_key(key)
             return policy_decode(
-                await self._policies.send(self._policy_script, key, cost, mode, *extra)
+                await self._policies._send(self._policy_script, key, cost, mode, *extra)
             )
         if _observe.recorder is not None:
             return await _observe.decide(
@@ -331,7 +331,7 @@ class Limiter:
         rate_keys = self._keys(backend, key)[: len(self._suffixes)]
         refund_args = self._refund_args
         if self._policies is not None:  # the rates the key's counters are under now
-            view = await self._policies.current(key)
+            view = await self._policies._current(key)
             rate_keys, refund_args = view.keys[1 : 1 + len(view.policy.rates)], view.refund
         reply = await backend._run(self._refund_script, rate_keys, (cost, *refund_args))
         await self._invalidate(key)

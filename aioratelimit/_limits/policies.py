@@ -39,8 +39,6 @@ from .policy_views import Inbox, PolicyReply, View
 #: The limiter its policies serve (``limiter.Limiter``, which imports this module).
 Limiter = Any
 
-#: ``lookup(key)``: a policy's name, a ``Policy``, or None (the code's rates); sync or async.
-Lookup = Callable[[str], "str | Policy | Awaitable[str | Policy | None] | None"]
 #: A resolution made while the store or the lookup failed is tried again after this (s).
 RETRY_AFTER = 1.0
 #: A resolution made before the store's channel was confirmed is trusted this long (s).
@@ -83,7 +81,7 @@ class Policies:
 
     def __init__(
         self,
-        lookup: Lookup | None = None,
+        lookup: Callable[[str], str | Policy | Awaitable[str | Policy | None] | None] | None = None,
         *,
         ttl: float = 30.0,
         size: int = 10_000,
@@ -235,7 +233,7 @@ class Policies:
 
     # -- resolution
 
-    def cached(self, key: str) -> View | None:
+    def _cached(self, key: str) -> View | None:
         """The key's view if still trusted (a dict hit and two tests)."""
         view = self._entries.get(key)
         backend = self._backend
@@ -347,12 +345,12 @@ class Policies:
         kind = limiter._kind
         return View(backend, name, policy, version, keys, consts, refund, kind, expires, stale)
 
-    async def current(self, key: str) -> View:
+    async def _current(self, key: str) -> View:
         """The key's view now (cached, or read)."""
         backend = self._backend_now()
-        return self.cached(key) or await self._load(backend, key)
+        return self._cached(key) or await self._load(backend, key)
 
-    def ready(self, key: str) -> View | None:
+    def _ready(self, key: str) -> View | None:
         """The hot path: the key's view, if cached, still trusted and of the limiter's
         backend now; else None (``send`` resolves it)."""
         view = self._entries.get(key)
@@ -367,14 +365,14 @@ class Policies:
             return None
         return view
 
-    async def send(
+    async def _send(
         self, script: Script, key: str, cost: int, mode: int, *extra: int
     ) -> PolicyReply:
         """One decision under the key's view: one script call, or (the key's stamp newer
         than the view) a read and the call again; once more, adopting the stamp's version,
         if the store itself is behind it (a failover that lost writes)."""
         backend = self._backend_now()
-        view = self.ready(key) or await self._load(backend, key)
+        view = self._ready(key) or await self._load(backend, key)
         for attempt in range(3):
             args: tuple[Arg, ...] = (*view.head, cost, mode, *view.consts, *extra)
             reply = await backend._run(script, view.keys, args)

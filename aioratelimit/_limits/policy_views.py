@@ -118,11 +118,11 @@ class Direct(Guard[Any]):
             check_key(key)
         if type(cost) is not int or not 0 < cost <= MAX_COUNT:
             check_count(cost, "cost")
-        view = self.policies.ready(key)
+        view = self.policies._ready(key)
         if view is not None:  # the usual call: one frame, the view's one script call
             args = (*view.head, cost, mode, *view.consts)
             reply = await view.backend._run(self.script, view.keys, args)
             if reply[0] != -1:
                 return decide(reply, view)
         # (A refused call wrote nothing: ``send`` reads the store and calls again.)
-        return decode(await self.policies.send(self.script, key, cost, mode))
+        return decode(await self.policies._send(self.script, key, cost, mode))

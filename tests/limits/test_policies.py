@@ -220,7 +220,7 @@ async def test_a_failing_or_slow_lookup_keeps_the_last_known_policy(
     assert (d.limit, d.policy, d.policy_stale) == (9, "pro", False)
     for mode in ("raise", "hang"):
         state["mode"] = mode
-        await until(lambda: policies.cached(key) is None)  # its ttl has run out
+        await until(lambda: policies._cached(key) is None)  # its ttl has run out
         d = await limiter.hit(key)
         assert (d.allowed, d.limit, d.policy, d.policy_stale) == (True, 9, "pro", True)
         d = await limiter.hit(f"{key}-{mode}")
@@ -271,7 +271,7 @@ async def test_a_change_over_another_backend_arrives_here(
         arl.FixedWindow("2/hour", backend=other, name=named(key), policies=remote)
         start = time.perf_counter()
         await remote.assign(key, arl.Policy("20/hour"))
-        await until(lambda: policies.cached(key) is None)
+        await until(lambda: policies._cached(key) is None)
         delay = time.perf_counter() - start
         print(f"\npropagation over {backend.url.split(':')[0]}: {delay * 1000:.2f} ms")
         assert (await limiter.peek(key)).limit == 20
