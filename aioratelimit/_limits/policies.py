@@ -186,7 +186,8 @@ class Policies:
                 guard.forget(what)
             return
         if kind == "p" and what:
-            for key in [k for k, v in self._entries.items() if v.name == what]:
+            # (a key that named it before it existed, too: it gets it now)
+            for key in [k for k, v in self._entries.items() if what in (v.name, v.asked)]:
                 self._entries.pop(key, None)
         else:
             self._entries.clear()
@@ -273,22 +274,24 @@ class Policies:
             async with asyncio.timeout(self.timeout):
                 version, table, (override,) = await self.store.read(key)
                 self._known = {name: policy for name, (_, policy) in table.items()}
+                asked = override if isinstance(override, str) else None
                 if isinstance(override, str):
                     found = table.get(override)
                     name, policy = (override, found[1]) if found else (DEFAULT, None)
                 elif isinstance(override, Policy):
                     name, policy = OWN, override
                 else:
-                    name, policy = await self._ask(key, table)
+                    name, policy, asked = await self._ask(key, table)
             stale = False
         except (BackendUnavailable, BackendError, TimeoutError, LookupFailed):
             last = self._entries.get(key)
             if last is not None:
-                name, policy, version = last.name, last.policy, last.version
+                name, policy, version, asked = last.name, last.policy, last.version, last.asked
             else:
-                name, policy, version = DEFAULT, None, 0
+                name, policy, version, asked = DEFAULT, None, 0, None
             stale, ttl = True, min(ttl, RETRY_AFTER)
         view = self._view(backend, key, name, policy, max(version, at_least), ttl, stale)
+        view.asked = asked
         entries = self._entries
         entries[key] = view
         entries.move_to_end(key)
@@ -298,10 +301,11 @@ class Policies:
 
     async def _ask(
         self, key: str, table: dict[str, tuple[int, Policy]]
-    ) -> tuple[str, Policy | None]:
-        """``lookup``'s answer (a name the store knows, or a ``Policy``), else the default."""
+    ) -> tuple[str, Policy | None, str | None]:
+        """``lookup``'s answer (a name the store knows, or a ``Policy``), else the default;
+        and the name it gave, known or not (its creation must reach the key)."""
         if self.lookup is None:
-            return DEFAULT, None
+            return DEFAULT, None, None
         try:
             answer = self.lookup(key)
             if inspect.isawaitable(answer):
@@ -312,10 +316,10 @@ class Policies:
             raise LookupFailed(str(exc)) from exc
         if isinstance(answer, str):
             found = table.get(answer)
-            return (answer, found[1]) if found else (DEFAULT, None)
+            return (answer, found[1], answer) if found else (DEFAULT, None, answer)
         if isinstance(answer, Policy):
-            return OWN, answer
-        return DEFAULT, None
+            return OWN, answer, None
+        return DEFAULT, None, None
 
     def _view(
         self,
@@ -383,7 +387,9 @@ class Policies:
             if attempt == 0:
                 view = await self._load(backend, key, 0)
             if view.version < stamp:
+                asked = view.asked
                 view = self._view(backend, key, view.name, view.policy, stamp, self.ttl, view.stale)
+                view.asked = asked
                 self._entries[key] = view
         else:
             raise BackendError(f"the policy stamp of {key!r} kept refusing the call")

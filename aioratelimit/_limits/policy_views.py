@@ -23,6 +23,7 @@ class View:
     the rates' arguments, and until when it is trusted (``clock``)."""
 
     __slots__ = (
+        "asked",
         "backend",
         "consts",
         "expires",
@@ -59,6 +60,8 @@ class View:
         self.head = (f"{version}|{','.join(map(str, consts))}", f"{kind}|{policy.rule}")
         self.version = version
         self.backend, self.expires, self.stale = backend, expires, stale
+        #: the name the key's override or the lookup gave, known or not
+        self.asked: str | None = None
 
 
 #: A limiter script's reply, with the view it was made under.

@@ -341,3 +341,16 @@ async def test_a_waiter_books_under_the_keys_policy(backend: arl.Backend, key: s
     d = await limiter.acquire(key, wait=True, timeout=30)
     assert (d.allowed, d.limit, d.policy) == (True, 20, "key")
     assert "policies=<Policies" in repr(limiter)
+
+
+async def test_a_policy_named_before_it_exists_applies_once_set(
+    backend: arl.Backend, key: str
+) -> None:
+    """The lookup names a policy the store does not have yet: the key gets the code's
+    rates, until the policy is set (here or in another process)."""
+    policies = arl.Policies(lambda k: "gold", ttl=3600)
+    limiter = arl.FixedWindow("2/hour", backend=backend, name=named(key), policies=policies)
+    assert (await limiter.peek(key)).policy == "default"
+    await policies.set("gold", "50/hour")
+    d = await limiter.peek(key)
+    assert (d.limit, d.policy) == (50, "gold")
