@@ -31,5 +31,6 @@ if op == 'set' then
 else
   redis.call('HDEL', key, field)
 end
-redis.call(ARGV[7], ARGV[6], where .. ':' .. field)
+local publish = ARGV[7]
+redis.call(publish, ARGV[6], where .. ':' .. field)
 return {version, 1}
