@@ -369,11 +369,11 @@ async def test_a_subscriber_closed_under_its_reader_leaves_no_socket_open(
 
 
 async def test_only_releases_are_sent_again() -> None:
-    """Exactly the three release scripts are marked safe to send twice, and
-    ``run_repeatable`` refuses any other script before sending anything (a hit sent twice
-    would be counted twice)."""
+    """Exactly the three release scripts and the policy store's read (it writes nothing)
+    are marked safe to send twice, and ``run_repeatable`` refuses any other script before
+    sending anything (a hit sent twice would be counted twice)."""
     repeatable = {name for name, s in _scripts.SCRIPTS.items() if s.repeatable}
-    assert repeatable == {"lock_release", "semaphore_release", "idem_release"}
+    assert repeatable == {"lock_release", "semaphore_release", "idem_release", "policy_read"}
     async with arl.Backend.from_url("memory://") as backend:
         with pytest.raises(ValueError, match="not safe to send twice"):
             await backend._run_repeatable(_scripts.FIXED_WINDOW, ["k"], [1])
