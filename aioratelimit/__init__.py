@@ -25,12 +25,15 @@ from ._errors import (
 from ._idempotency.decorator import idempotent
 from ._idempotency.results import Serializer
 from ._idempotency.tokens import consume_token, consumes_token, issue_token
+from ._limits.admission import Admission
 from ._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
 from ._limits.calendar import Quota
 from ._limits.failure import Breaker, BreakerListener, Fallback, OnUnavailable
-from ._limits.limiter import Admission, Limiter
+from ._limits.limiter import Limiter
 from ._limits.multi import AllAdmission, acquire_all, admit_all, hit_all, peek_all
 from ._limits.pause import Pause
+from ._limits.policies import Policies
+from ._limits.policy import Policy, PolicyStore
 from ._limits.reservation import Reservation
 from ._locks.every import every
 from ._locks.fair import FairLock, fair_lock
@@ -73,6 +76,9 @@ __all__ = [
     "OnCall",
     "OnUnavailable",
     "Pause",
+    "Policies",
+    "Policy",
+    "PolicyStore",
     "Quota",
     "RWState",
     "Rate",

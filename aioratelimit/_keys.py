@@ -95,6 +95,27 @@ def rate_suffix(limit: int, window_us: int, extra: str = "") -> str:
     return f":{limit}/{window_us // 1000 if window_us % 1000 == 0 else f'{window_us}us'}{extra}"
 
 
+#: The kind of a limiter's policy store (``policies``).
+POLICY_KIND = "pol"
+
+
+def policies(pol_head: str, limiter: str) -> tuple[str, str, str]:
+    """A limiter's policy store, under one tag (the limiter's name): its named policies
+    (hash), its per-key overrides (hash) and the channel every process hears changes on."""
+    return (
+        tagged(pol_head, limiter),
+        tagged(pol_head, limiter, ":keys"),
+        tagged(pol_head, limiter, ":inv"),
+    )
+
+
+def policy_suffixes(positions: int) -> tuple[str, ...]:
+    """The suffixes of a policy limiter's keys: the stamp (the rates last applied), then one
+    counter per rate *position*: names without the rate values, so a change of rates keeps
+    (and converts) the counts."""
+    return (":stamp", *(f":p{i}" for i in range(positions)))
+
+
 def quota_suffix(limit: int, period: str, tz: str) -> str:
     """A calendar quota's suffix (``Quota``): one key per (user key, quota), the same in
     every period. The script picks the period by the server's clock, after the KEYS are

@@ -166,6 +166,12 @@ class Decision:
     shadow_denied: bool = False
     #: a multi-key decision's (``hit_all``): the key and rate it speaks for; else None
     binding: Binding | None = None
+    #: the policy whose rates decided (a limiter made with ``policies=``): its name,
+    #: ``"default"`` for the code's rates, ``"key"`` for a key's own override; else None
+    policy: str | None = None
+    #: the policy store or the lookup failed or was slow: the decision used the last known
+    #: policy of the key (or the code's rates)
+    policy_stale: bool = False
 
     @property
     def degraded(self) -> bool:
@@ -211,6 +217,8 @@ class _Unfrozen:
     shadow: bool
     shadow_denied: bool
     binding: Binding | None
+    policy: str | None
+    policy_stale: bool
 
 
 _new = object.__new__
@@ -241,5 +249,7 @@ def new_decision(
     d.shadow = shadow
     d.shadow_denied = shadow_denied
     d.binding = binding
+    d.policy = None
+    d.policy_stale = False
     d.__class__ = Decision  # type: ignore[assignment]
     return cast(Decision, d)

@@ -123,6 +123,27 @@ FIXED_WINDOW = _load("fixed_window", after="rates_common")
 SLIDING_WINDOW = _load("sliding_window", after="rates_common")
 TOKEN_BUCKET = _load("token_bucket")
 
+#: Files read in front of a whole script to make a variant of it: ``policy_stamp.lua``
+#: checks (and converts) a key's counters against the rates a call carries, then hands
+#: the script its usual KEYS and ARGV.
+PREAMBLES = ("policy_stamp",)
+
+
+def _variant(base: Script, preamble: str) -> Script:
+    """``base`` with ``preamble`` (one of ``PREAMBLES``) in front, named ``<base>_policy``."""
+    return script(f"{base.name}_policy", _read(preamble) + base.source)
+
+
+#: The limiters made with ``policies=``: ``{-1, stamp version}`` when the call's view of
+#: the policies is older than the key's stamp, else the script's own reply.
+FIXED_WINDOW_POLICY = _variant(FIXED_WINDOW, "policy_stamp")
+SLIDING_WINDOW_POLICY = _variant(SLIDING_WINDOW, "policy_stamp")
+TOKEN_BUCKET_POLICY = _variant(TOKEN_BUCKET, "policy_stamp")
+#: a limiter's policies: ``{version, done}`` (``lua/policy_write.lua``)
+POLICY_WRITE = _load("policy_write")
+#: ``{version, {name, record, ...}, {override per key}}``; reads only
+POLICY_READ = _load("policy_read", repeatable=True)
+
 
 class Mode(IntEnum):
     """ARGV[2] of the limiter scripts; ``PARTIAL`` is added to one of the other three."""

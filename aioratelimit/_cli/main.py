@@ -4,6 +4,7 @@
 ``inspect``  a key under a limiter spec, a lock, a leader, a semaphore, an idempotency key,
              a pause
 ``reset``    forget a key; free a lock whose holder crashed (``--force``)
+``policy``   a limiter's policies: set, get, list, delete, assign, unassign
 ``doctor``   is this deployment ready: version, mode, scripts, clock, latency
 ``bench``    ours against the raw redis-py floor, sequential and concurrent
 
@@ -52,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     from . import bench as _cli_bench
     from . import demo as _cli_demo
     from . import doctor as _cli_doctor
+    from . import policy as _cli_policy
     from . import state as _cli_state
 
     common = _Parser(add_help=False)
@@ -135,6 +137,8 @@ def _parser() -> argparse.ArgumentParser:
     pause = what.add_parser("pause", parents=[common], help="lift a shared pause now")
     pause.add_argument("name")
     pause.set_defaults(run=_cli_state.reset_pause, needs_url=True)
+
+    _cli_policy.add_commands(commands, common)
 
     doctor = commands.add_parser(
         "doctor", parents=[common], help="check a deployment is ready (exit 0) or not (1)"

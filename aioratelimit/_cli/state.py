@@ -20,6 +20,7 @@ from .._backend import Backend
 from .._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
 from .._limits.limiter import Limiter
 from .._limits.pause import Pause
+from .._limits.policies import Policies
 from .._locks.fair import FairLock
 from .._locks.leader import Leader, Term, leader
 from .._locks.lock import Lock, Semaphore
@@ -42,6 +43,11 @@ def add_limiter_spec(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--buckets", type=int, default=10, help="SlidingWindow buckets (10)")
     parser.add_argument("--burst", type=int, default=None, help="TokenBucket burst (the limit)")
     parser.add_argument("--name", default=None, help="the limiter's name= (default none)")
+    parser.add_argument(
+        "--policies",
+        action="store_true",
+        help="the limiter was made with policies= (the spec's rates are its default)",
+    )
 
 
 def limiters(args: argparse.Namespace, backend: Backend) -> list[tuple[str, Limiter]]:
@@ -94,7 +100,31 @@ async def status_lines(limiter: Limiter, key: str) -> list[tuple[str, str]]:
     return lines
 
 
+async def inspect_policy_limit(args: argparse.Namespace, backend: Backend) -> int:
+    """A key of a limiter made with ``policies=``: its effective policy, and its counts
+    under it (a peek: it applies a pending change of rates, as the next hit would)."""
+    if not args.name:
+        raise CliError("--policies needs the limiter's --name (its policies' store)")
+    built = limiters(args, backend)
+    every = _together(args, backend, type(built[0][1]), Policies())
+    assert every._policies is not None
+    name, policy, stale = await every._policies.effective(args.key)
+    d = await every.peek(args.key)
+    used = _used(d)
+    out(f"key {args.key!r} on {where(backend)}")
+    last = " (the last known: the store did not answer)" if stale else ""
+    out(f"  policy: {name}: {', '.join(map(str, policy.rates))}, rule {policy.rule}{last}")
+    reset = seconds(d.reset_after) if used else "-"
+    rows = [[str(d.limit), str(used), str(d.limit - used), reset]]
+    out(table(["binding limit", "used", "remaining", "reset after"], rows))
+    for label, value in await status_lines(every, args.key):
+        out(f"  {label}: {value}")
+    return 0
+
+
 async def inspect_limit(args: argparse.Namespace, backend: Backend) -> int:
+    if args.policies:
+        return await inspect_policy_limit(args, backend)
     key = args.key
     built = limiters(args, backend)
     # The key's state under all its rates together (what hit() would answer).
@@ -117,17 +147,21 @@ async def inspect_limit(args: argparse.Namespace, backend: Backend) -> int:
     return 0
 
 
-def _together(args: argparse.Namespace, backend: Backend, kind: type[Limiter]) -> Limiter:
+def _together(
+    args: argparse.Namespace,
+    backend: Backend,
+    kind: type[Limiter],
+    policies: Policies | None = None,
+) -> Limiter:
     """The limiter the application runs: every rate of the spec in one."""
+    if policies is None and getattr(args, "policies", False) and args.name:
+        policies = Policies()  # (its keys: the stamp and one counter per rate position)
+    common = {"backend": backend, "name": args.name, "blockable": True, "policies": policies}
     if kind is FixedWindow:
-        return FixedWindow(*args.fixed, backend=backend, name=args.name, blockable=True)
+        return FixedWindow(*args.fixed, **common)
     if kind is SlidingWindow:
-        return SlidingWindow(
-            *args.sliding, buckets=args.buckets, backend=backend, name=args.name, blockable=True
-        )
-    return TokenBucket(
-        args.token, burst=args.burst, backend=backend, name=args.name, blockable=True
-    )
+        return SlidingWindow(*args.sliding, buckets=args.buckets, **common)
+    return TokenBucket(args.token, burst=args.burst, **common)
 
 
 async def inspect_lock(args: argparse.Namespace, backend: Backend) -> int:

@@ -27,6 +27,8 @@ from .calendar import Quota, window_arg
 from .failure import Breaker, Fallback, OnUnavailable
 from .limiter import Limiter
 from .pause import Pause
+from .policies import Policies
+from .policy import Policy
 
 #: Most sub-window buckets a SlidingWindow may use (the script reads them all per hit).
 MAX_BUCKETS = 1000
@@ -76,6 +78,7 @@ class FixedWindow(Limiter):
 
     __slots__ = ("rates",)
     _script = _scripts.FIXED_WINDOW
+    _policy_script = _scripts.FIXED_WINDOW_POLICY
     _refund_script = _scripts.FIXED_WINDOW_REFUND
     _kind = "fw"
 
@@ -92,6 +95,7 @@ class FixedWindow(Limiter):
         shadow: bool = False,
         pause: Pause | str | None = None,
         hash_tag: Callable[[str], str] | None = None,
+        policies: Policies | None = None,
     ):
         super().__init__(backend, name, count_denied, blockable, hash_tag)
         self.rates: tuple[Rate | Quota, ...] = _rates(rates)
@@ -112,7 +116,12 @@ class FixedWindow(Limiter):
         self._max_cost = min(r.limit for r in self.rates)
         if isinstance(self, _CalendarWindow):
             self._bound(time.time_ns() // 1000)
-        self._options(self.rates, deny_cache, on_unavailable, breaker, shadow, pause)
+        self._options(self.rates, deny_cache, on_unavailable, breaker, shadow, pause, policies)
+
+    def _policy_args(self, policy: Policy) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        # The refund script takes the same rates (a charge opens a window of its length).
+        args = tuple(v for r in policy.rates for v in (r.limit, r.window_us))
+        return args, args
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
         rates = (replace(r, limit=share.scale(r.limit)) for r in self.rates)
@@ -173,6 +182,7 @@ class SlidingWindow(Limiter):
 
     __slots__ = ("buckets", "rates")
     _script = _scripts.SLIDING_WINDOW
+    _policy_script = _scripts.SLIDING_WINDOW_POLICY
     _refund_script = _scripts.SLIDING_WINDOW_REFUND
     _kind = "sw"
 
@@ -190,6 +200,7 @@ class SlidingWindow(Limiter):
         shadow: bool = False,
         pause: Pause | str | None = None,
         hash_tag: Callable[[str], str] | None = None,
+        policies: Policies | None = None,
     ):
         super().__init__(backend, name, count_denied, blockable, hash_tag)
         self.rates = _plain_rates(rates, "SlidingWindow")
@@ -202,7 +213,11 @@ class SlidingWindow(Limiter):
         args = (buckets, *(v for r in self.rates for v in (r.limit, r.window_us)))
         self._args = self._refund_args = args
         self._max_cost = min(r.limit for r in self.rates)
-        self._options(self.rates, deny_cache, on_unavailable, breaker, shadow, pause)
+        self._options(self.rates, deny_cache, on_unavailable, breaker, shadow, pause, policies)
+
+    def _policy_args(self, policy: Policy) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        args = (self.buckets, *(v for r in policy.rates for v in (r.limit, r.window_us)))
+        return args, args
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
         rates = (Rate(share.scale(r.limit), r.window) for r in self.rates)
@@ -224,6 +239,7 @@ class TokenBucket(Limiter):
 
     __slots__ = ("burst", "rate")
     _script = _scripts.TOKEN_BUCKET
+    _policy_script = _scripts.TOKEN_BUCKET_POLICY
     _refund_script = _scripts.TOKEN_BUCKET_REFUND
     _reserves = True
     _kind = "tb"
@@ -243,6 +259,7 @@ class TokenBucket(Limiter):
         shadow: bool = False,
         pause: Pause | str | None = None,
         hash_tag: Callable[[str], str] | None = None,
+        policies: Policies | None = None,
     ):
         super().__init__(backend, name, count_denied, blockable, hash_tag)
         if isinstance(rate, Quota):
@@ -256,7 +273,15 @@ class TokenBucket(Limiter):
         self._args = (self.burst, interval)
         self._refund_args = (interval,)
         self._max_cost = self.burst
-        self._options((self.rate,), deny_cache, on_unavailable, breaker, shadow, pause)
+        self._options((self.rate,), deny_cache, on_unavailable, breaker, shadow, pause, policies)
+
+    def _policy_args(self, policy: Policy) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        # A policy's burst is its rate's limit; the code's rates keep the code's burst.
+        if len(policy.rates) != 1:
+            raise ValueError(f"a TokenBucket's policy has one rate, not {len(policy.rates)}")
+        burst = self.burst if policy is self._default_policy else None
+        burst, interval = token_bucket(policy.rates[0], burst)
+        return (burst, interval), (interval,)
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
         rate = Rate(share.scale(self.rate.limit), self.rate.window)

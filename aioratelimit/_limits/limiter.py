@@ -13,14 +13,12 @@ around the script call, built only when one of them is on.
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Awaitable, Callable, Coroutine
-from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from .. import _keys, _observe, _scripts
 from .._args import (
-    binder,
+    MAX_COUNT,
     check_count,
     check_int,
     check_key,
@@ -34,11 +32,16 @@ from .._errors import RateLimited
 from .._rates import Decision, Rate
 from .._scripts import Mode, Script
 from . import waiting as _waiting
+from .admission import Admission, limit_calls
 from .calendar import Quota
 from .deny_cache import DenyCache
 from .failure import Breaker, Fallback, OnUnavailable
 from .guard import Guard, Options, check_cost
 from .pause import Pause, as_pause
+from .policies import Policies
+from .policy import MAX_RATES, Policy
+from .policy_views import Direct
+from .policy_views import decode as policy_decode
 from .reservation import Reservation
 
 P = ParamSpec("P")
@@ -60,12 +63,14 @@ class Limiter:
         "_args",
         "_backend",
         "_blockable",
+        "_default_policy",
         "_fallback",
         "_guard",
         "_hash_tag",
         "_head_id",
         "_hit_mode",
         "_max_cost",
+        "_policies",
         "_refund_args",
         "_suffixes",
         "count_denied",
@@ -76,6 +81,8 @@ class Limiter:
 
     _script: Script
     _refund_script: Script
+    #: its script with ``lua/policy_stamp.lua`` in front (``policies=``)
+    _policy_script: Script
     _kind: str
     #: its script books a later slot for a waiter (``waiting``): TokenBucket
     _reserves = False
@@ -126,6 +133,13 @@ class Limiter:
         self._fallback: Limiter | None = None
         self.on_unavailable: OnUnavailable = "raise"
         self.shadow = False
+        self._policies: Policies | None = None
+        self._default_policy: Policy | None = None
+
+    def _policy_args(self, policy: Policy) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The script's and the refund script's rate arguments under ``policy``
+        (``ValueError`` when this limiter cannot apply it)."""
+        raise NotImplementedError
 
     def _options(
         self,
@@ -135,12 +149,31 @@ class Limiter:
         breaker: Breaker | None,
         shadow: bool,
         pause: Pause | str | None = None,
+        policies: Policies | None = None,
     ) -> None:
         """The options on top of the plain decision (the guard); with all of them off a
-        decision stays the one script call it was."""
+        decision stays the one script call it was. With ``policies`` the rates come from
+        data: the keys are per rate *position* with a stamp (``lua/policy_stamp.lua``)."""
         honoured = as_pause(pause)
         if isinstance(pause, str) and honoured is not None:  # a name: on this limiter's backend
             honoured = Pause(pause, backend=self._backend)
+        send: Any = self._send
+        decode: Callable[[Any], Decision] = Decision.from_reply
+        if policies is not None:
+            if not isinstance(policies, Policies):
+                raise TypeError(f"policies must be a Policies, not {type(policies).__name__}")
+            if self._hash_tag is not None:
+                raise ValueError("policies= cannot be combined with hash_tag= (not yet)")
+            plain = tuple(r for r in rates if isinstance(r, Rate))
+            if len(plain) != len(rates):
+                raise TypeError("policies= takes a limiter of rates, not of calendar quotas")
+            self._default_policy = Policy(*plain)
+            policies._bind(self)
+            self._policies = policies
+            self._suffixes = _keys.policy_suffixes(MAX_RATES)
+            self._max_cost = MAX_COUNT  # the key's policy's limit denies what it cannot admit
+            send = functools.partial(policies._send, self._policy_script)
+            decode = policy_decode
         if deny_cache is not None and self.count_denied:
             # A cached denial never reaches the server, where a denied hit must be counted.
             raise ValueError("deny_cache cannot be combined with count_denied=True")
@@ -158,11 +191,12 @@ class Limiter:
             # Its own memory:// store: counted in this process only, never sent anywhere.
             self._fallback = self._scaled(self.on_unavailable, Backend.from_url("memory://"))
             fallback = self._fallback._send
-        if cache is None and options.plain and honoured is None:
+        if cache is None and options.plain and honoured is None and policies is None:
             return
-        self._guard = Guard(
-            self._send,
-            Decision.from_reply,
+        direct = policies is not None and cache is None and options.plain and fallback is None
+        self._guard = (Direct if direct else Guard)(
+            send,
+            decode,
             options,
             limit=self._max_cost,
             fallback=fallback,
@@ -173,6 +207,8 @@ class Limiter:
             pause=honoured,
             tag=self._tag,
         )
+        if isinstance(self._guard, Direct) and policies is not None:
+            self._guard.policies, self._guard.script = policies, self._policy_script
 
     def _scaled(self, share: Fallback, backend: Backend) -> Limiter:
         """The same limiter with every limit scaled to ``share``, on ``backend``."""
@@ -182,7 +218,9 @@ class Limiter:
         """Its options in its repr, with their live state (nothing when all are off)."""
         tag = self._hash_tag
         shown = "" if tag is None else f" hash_tag={getattr(tag, '__qualname__', tag)}"
-        return shown if self._guard is None else shown + self._guard.shown()
+        if self._guard is not None:
+            shown += self._guard.shown()
+        return shown if self._policies is None else f"{shown} policies={self._policies!r}"
 
     @property
     def breaker(self) -> Breaker | None:
@@ -251,12 +289,16 @@ class Limiter:
 
     async def _decide(self, key: str, cost: int, mode: int, *extra: int) -> Decision:
         guard = self._guard
-        if guard is not None:
-            if not extra:
-                return guard.cached(key, cost, mode) or await guard.decide(key, cost, mode)
-            # A TokenBucket waiter's booking takes no option but the pause.
-            if guard.pause is not None and (paused := await guard.paused()) is not None:
-                return paused
+        if guard is not None and not extra:
+            return guard.cached(key, cost, mode) or await guard.decide(key, cost, mode)
+        # A TokenBucket waiter's booking takes no option but the pause.
+        if guard is not None and guard.pause is not None and (paused := await guard.paused()):
+            return paused
+        if extra and self._policies is not None:  # (a TokenBucket waiter's booking)
+            check_key(key)
+            return policy_decode(
+                await self._policies._send(self._policy_script, key, cost, mode, *extra)
+            )
         if _observe.recorder is not None:
             return await _observe.decide(
                 self.name, self._script.name, self._send, key, cost, mode, *extra
@@ -337,8 +379,12 @@ class Limiter:
         cost = self._check_cost(cost)
         backend = self._backend or get_backend()
         rate_keys = self._keys(backend, key)[: len(self._suffixes)]
+        refund_args = self._refund_args
+        if self._policies is not None:  # the rates the key's counters are under now
+            view = await self._policies._current(key)
+            rate_keys, refund_args = view.keys[1 : 1 + len(view.policy.rates)], view.refund
         # (at_us 0, record_ms 0: to the windows open now, with no record: see Reservation)
-        reply = await backend._run(self._refund_script, rate_keys, (cost, 0, 0, *self._refund_args))
+        reply = await backend._run(self._refund_script, rate_keys, (cost, 0, 0, *refund_args))
         await self._invalidate(key)
         return int(reply[0])
 
@@ -385,7 +431,11 @@ class Limiter:
         ``async with limiter.reserve(key, estimate) as r: ...; r.settle(actual)``, or
         ``r = await limiter.reserve(key, estimate)``. Taking it is one ``hit`` (denied:
         ``RateLimited``); ``settle`` gives back or charges the difference in the
-        background, once (``Reservation``). Bad arguments raise here, before any I/O."""
+        background, once (``Reservation``). Bad arguments raise here, before any I/O.
+        Not on a limiter made with ``policies=`` (``TypeError``): a settlement names the
+        code's rates and keys, where such a limiter counts under its keys' policies."""
+        if self._policies is not None:
+            raise TypeError(f"{self!r} has policies=: reserve() takes a limiter without them")
         check_key(key)
         return Reservation._create(self, key, self._check_cost(cost))
 
@@ -393,7 +443,7 @@ class Limiter:
         self, key: str, cost: int = 1, wait: bool = False, timeout: float | None = None
     ) -> Admission:
         """``async with limiter(key) as decision:`` runs the block only when admitted."""
-        return Admission(self, key, cost, wait, timeout)
+        return Admission(self.acquire, key, cost, wait, timeout)
 
     def limit(
         self,
@@ -416,47 +466,4 @@ class Limiter:
             check_key(key)
         self._check_cost(cost)
         check_timeout(timeout)
-        key_of, fixed_key = (None, key) if isinstance(key, str) else (key, "")
-
-        def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-            if not inspect.iscoroutinefunction(fn):
-                raise TypeError(f"@limit decorates an async function (async def), not {fn!r}")
-            bind = binder(fn)
-
-            @functools.wraps(fn)
-            async def limited(*args: P.args, **kwargs: P.kwargs) -> R:
-                bound, named = bind(args, kwargs)
-                k = fixed_key if key_of is None else key_of(*bound, **named)
-                await self.acquire(k, cost, wait=wait, timeout=timeout)
-                return await fn(*args, **kwargs)
-
-            return limited
-
-        return decorate
-
-
-class Admission:
-    """``async with limiter(key, ...) as decision``: entering takes the hit (and waits, with
-    ``wait=True``) or raises ``RateLimited``; leaving gives nothing back."""
-
-    __slots__ = ("_cost", "_key", "_limiter", "_timeout", "_wait")
-
-    def __init__(
-        self, limiter: Limiter, key: str, cost: int, wait: bool, timeout: float | None
-    ) -> None:
-        self._limiter, self._key, self._cost = limiter, key, cost
-        self._wait, self._timeout = wait, timeout
-
-    async def __aenter__(self) -> Decision:
-        return await self._limiter.acquire(
-            self._key, self._cost, wait=self._wait, timeout=self._timeout
-        )
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        # A rate limit is not a resource held by the block: nothing to give back.
-        return None
+        return limit_calls(self.acquire, key, cost, wait, timeout)

@@ -67,6 +67,11 @@ class _Shape:
 
     def __init__(self, limiters: tuple[Limiter, ...]) -> None:
         for limiter in limiters:
+            if limiter._policies is not None:
+                raise TypeError(
+                    f"{limiter!r} has policies=, which a multi-key decision does not take:"
+                    " decide it with its own hit"
+                )
             if any(isinstance(rate, Quota) for rate in getattr(limiter, "rates", ())):
                 # Its periods' bounds change with the clock; a plan's arguments are fixed.
                 raise TypeError(

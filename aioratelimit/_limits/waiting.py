@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import weakref
 from collections.abc import Awaitable, Callable, Hashable
 
@@ -129,9 +130,8 @@ async def _head(
             except asyncio.CancelledError:
                 await finish(refund(key, cost))
                 raise
-            return Decision(
-                True, decision.limit, decision.remaining, decision.reset_after, 0.0, cost
-            )
+            # (The booking's decision, admitted now: its policy, if any, kept.)
+            return dataclasses.replace(decision, retry_after=0.0, granted=cost)
         # Denied: a TokenBucket's slot is beyond the timeout, or the key is blocked, or a
         # window is full until retry_after.
         if deadline is not None and loop.time() + decision.retry_after > deadline:

@@ -155,15 +155,19 @@ class QuotaPolicy:
     (the binding rate: the decision's limit). Names are the application's, never a client's.
     """
 
-    __slots__ = ("_items", "_shape", "limiter", "name", "names", "policy_header")
+    __slots__ = ("_dynamic", "_items", "_shape", "limiter", "name", "names", "policy_header")
 
     def __init__(self, limiter: Limiter, name: str) -> None:
         self.limiter = check_limiter(limiter)
         shape = shape_of(limiter)
         assert shape is not None
         self._shape = shape
-        self.name = self.check_name(name)
-        quotas = shape.quotas(limiter)
+        self._fill(self.check_name(name), shape.quotas(limiter))
+        # A limiter made with ``policies=``: (policy name, policy) -> its fields' view
+        self._dynamic: dict[tuple[str, object], QuotaPolicy] = {}
+
+    def _fill(self, name: str, quotas: list[Quota]) -> None:
+        self.name = name
         n = len(quotas)
         #: the unquoted name of each policy item
         self.names = (name,) if n == 1 else tuple(f"{name}-{i}" for i in range(1, n + 1))
@@ -171,6 +175,34 @@ class QuotaPolicy:
         self.policy_header = ", ".join(
             item + "".join(f";{k}={v}" for k, v in _params(q)) for item, q in self._items
         )
+
+    def _view(self, decision: Decision) -> QuotaPolicy:
+        """The policy ``decision`` obeyed: this one, or for a limiter made with
+        ``policies=`` the named policy's rates (``"pro"``; the code's rates keep this name);
+        a key's own override (``"key"``) or a policy not read yet in this process shows
+        the decision's limit without a window."""
+        name = decision.policy
+        policies = getattr(self.limiter, "_policies", None)
+        if name is None or policies is None or name == "default":
+            return self
+        policy = policies.known(name)
+        found = self._dynamic.get((name, policy or decision.limit))
+        if found is not None:
+            return found
+        quotas = [Quota(decision.limit, None)]
+        if policy is not None:
+            quotas = [Quota(r.limit, seconds_header(r.window)) for r in policy.rates[:1]]
+            if not isinstance(self.limiter, TokenBucket):
+                quotas = [Quota(r.limit, seconds_header(r.window)) for r in policy.rates]
+        found = object.__new__(QuotaPolicy)
+        found.limiter, found._shape, found._dynamic = self.limiter, self._shape, {}
+        try:
+            found._fill(self.check_name(name), quotas)
+        except (ValueError, TypeError):  # a name a field cannot carry: the limiter's own
+            found._fill(self.name, quotas)
+        if len(self._dynamic) < 256:
+            self._dynamic[name, policy or decision.limit] = found
+        return found
 
     @staticmethod
     def check_name(name: object) -> str:
@@ -189,7 +221,8 @@ class QuotaPolicy:
 
     def violated(self, decision: Decision) -> str:
         """The name of the policy a refused ``decision`` exceeded (``violated-policies``)."""
-        return self.names[self._index(decision)]
+        view = self._view(decision)
+        return view.names[view._index(decision)]
 
     def effective_window(self, decision: Decision) -> int | None:
         """``t``: on a refusal the ``Retry-After`` wait; admitted, the shape's window.
@@ -205,7 +238,8 @@ class QuotaPolicy:
     def ratelimit(self, decision: Decision) -> str:
         """The ``RateLimit`` field: the available quota and the effective window."""
         t = self.effective_window(decision)
-        item = self._items[self._index(decision)][0]
+        view = self._view(decision)
+        item = view._items[view._index(decision)][0]
         return f"{item};r={decision.remaining}" + ("" if t is None else f";t={t}")
 
     def pairs(self, decision: Decision, legacy: bool = False) -> list[tuple[str, str]]:
@@ -214,7 +248,8 @@ class QuotaPolicy:
         ``legacy``, ``X-RateLimit-Limit``, ``-Remaining`` and ``-Reset`` (a Unix time in
         whole seconds, as GitHub and most clients read it: when the quota is whole again,
         or on a refusal when the request could pass)."""
-        fields = [("RateLimit-Policy", self.policy_header), ("RateLimit", self.ratelimit(decision))]
+        policy_header = self._view(decision).policy_header
+        fields = [("RateLimit-Policy", policy_header), ("RateLimit", self.ratelimit(decision))]
         if not decision.allowed:
             fields.append(("Retry-After", str(seconds_header(decision.retry_after))))
         if decision.shadow:

@@ -923,3 +923,80 @@ def test_inspect_limit_shows_a_block(redis_url: str, key: str) -> None:
     after = cli("inspect", "limit", key, "--fixed", "10/minute", "--url", redis_url)
     assert "blocked until" not in after.stdout
     assert limit_rows(after.stdout)["FixedWindow 10/minute"] == (0, 10, "-")
+
+
+def test_policy_commands_change_what_a_limiter_obeys(redis_url: str, key: str) -> None:
+    """`policy set|get|list|assign|unassign|delete` change a limiter's policies in the
+    store (its process sees them), and `inspect limit --policies` shows a key's effective
+    policy and its counts under it; bad input is one line, status 2, nothing written."""
+    name = f"api-{key}"
+    bad = cli("policy", "set", name, "pro", "0/minute", "--url", redis_url)
+    assert "invalid policy" in one_error_line(bad)
+    bad = cli("policy", "set", name, "pro", "10/minute", "--rule", "often", "--url", redis_url)
+    assert "unknown rule" in one_error_line(bad)
+    assert "unknown policy" in one_error_line(
+        cli("policy", "assign", name, key, "gold", "--url", redis_url)
+    )
+    assert "policies of" in cli("policy", "list", name, "--url", redis_url).stdout
+    assert cli("policy", "get", name, "pro", "--url", redis_url).returncode == 1
+
+    proc = cli("policy", "set", name, "pro", "10/minute", "100/hour", "--url", redis_url)
+    assert proc.returncode == 0, proc.stderr
+    assert "version 1" in proc.stdout
+    assert cli("policy", "assign", name, key, "pro", "--url", redis_url).returncode == 0
+    listed = cli("policy", "list", name, "--url", redis_url).stdout
+    assert re.search(r"pro\s+10/60s, 100/3600s\s+keep", listed), listed
+
+    async def hits(backend: arl.Backend) -> None:
+        limiter = arl.FixedWindow("2/minute", backend=backend, name=name, policies=arl.Policies())
+        for _ in range(3):
+            assert (await limiter.hit(key)).policy == "pro"
+
+    on(redis_url, hits)
+    shown = cli(
+        "inspect",
+        "limit",
+        key,
+        "--fixed",
+        "2/minute",
+        "--name",
+        name,
+        "--policies",
+        "--url",
+        redis_url,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "policy: pro: 10/60s, 100/3600s, rule keep" in shown.stdout
+    assert re.search(r"^\s+10\s+3\s+7\s", shown.stdout, re.MULTILINE), shown.stdout
+
+    own = cli("policy", "assign", name, key, "--rates", "5/minute", "--url", redis_url)
+    assert "its own 5/60s" in own.stdout
+    shown = cli(
+        "inspect",
+        "limit",
+        key,
+        "--fixed",
+        "2/minute",
+        "--name",
+        name,
+        "--policies",
+        "--url",
+        redis_url,
+    )
+    assert "policy: key: 5/60s" in shown.stdout
+    assert cli("policy", "unassign", name, key, "--url", redis_url).returncode == 0
+    assert cli("policy", "unassign", name, key, "--url", redis_url).returncode == 1
+    assert cli("policy", "delete", name, "pro", "--url", redis_url).returncode == 0
+    shown = cli(
+        "inspect",
+        "limit",
+        key,
+        "--fixed",
+        "2/minute",
+        "--name",
+        name,
+        "--policies",
+        "--url",
+        redis_url,
+    )
+    assert "policy: default: 2/60s" in shown.stdout

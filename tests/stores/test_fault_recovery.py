@@ -376,7 +376,7 @@ async def test_only_releases_are_sent_again() -> None:
     repeatable = {name for name, s in _scripts.SCRIPTS.items() if s.repeatable}
     releases = {"lock_release", "semaphore_release", "rwlock_release", "fair_release"}
     refunds = {f"{kind}_refund" for kind in ("fixed_window", "sliding_window", "token_bucket")}
-    reads = {"limiter_blocked"}
+    reads = {"limiter_blocked", "policy_read"}
     assert repeatable == releases | {"idem_release"} | refunds | reads
     async with arl.Backend.from_url("memory://") as backend:
         with pytest.raises(ValueError, match="not safe to send twice"):

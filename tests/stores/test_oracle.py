@@ -69,7 +69,7 @@ from aioratelimit._idempotency.store import Claimed, IdempotencyStore, _fingerpr
 from aioratelimit._idempotency.tokens import _subject
 from aioratelimit._locks import leader as _leader
 from aioratelimit._locks import rwlock as _rwlock
-from aioratelimit._scripts import HELPERS, SCRIPTS, Arg, Reply, Script
+from aioratelimit._scripts import HELPERS, PREAMBLES, SCRIPTS, Arg, Reply, Script
 from aioratelimit._stores.memory.keyspace import Keyspace, expired
 from aioratelimit._stores.memory.locks import PRUNE_MAX
 from aioratelimit._stores.memory.store import MemoryStore, twins
@@ -309,6 +309,7 @@ TYPES = {"fw": b"string", "tb": b"string", "sw": b"hash", "lock": b"string", "to
 TYPES.update({"idem": b"hash", "sem": b"zset", "sem-fence": b"hash", "doctor": b"string"})
 TYPES.update({"leader": b"string", "every": b"string"})
 TYPES.update({"rw": b"zset", "rw-fence": b"hash", "fair": b"string", "fair-queue": b"zset"})
+TYPES["pol"] = b"hash"  # a policy store's named policies and overrides
 
 
 def key_type(key: str) -> bytes:
@@ -316,6 +317,8 @@ def key_type(key: str) -> bytes:
     if key.endswith("}:block"):  # a limiter's block (``_keys.block``)
         return b"string"
     if "}:settle:" in key:  # a settlement's record (``_keys.settlement``)
+        return b"string"
+    if key.endswith("}:stamp"):  # a policy limiter's stamp (``_keys.policy_suffixes``)
         return b"string"
     if kind in ("sem", "rw") and key.endswith(":fence"):
         return TYPES[f"{kind}-fence"]
@@ -752,6 +755,70 @@ MOVES = st.tuples(st.sampled_from(_MOVES), st.integers(0, 2**21)).map(
 )
 
 
+#: The policy variants' rules, versions and names: versions close together, so that a
+#: stamp is often newer than a call (refused), equal (the fast case) or older (converted).
+RULES = ("keep", "proportional", "reset")
+POLICY_VERSIONS = (0, 1, 2, 3)
+
+
+def policy_keys(kind: str, user: str, positions: int, blockable: bool) -> list[str]:
+    """``Policies``' keys of one user of the limiter named ``api`` (a limiter with policies
+    has a name): the stamp, one counter per rate position, the block."""
+    named = _keys.head(PREFIX, kind, "api")
+    keys = [_keys.tagged(named, user, s) for s in _keys.policy_suffixes(positions)]
+    return keys + ([_keys.block(named, user)] if blockable else [])
+
+
+def policy_calls(kind: str) -> st.SearchStrategy[Call]:
+    """Hits and peeks of one policy variant under changing rates, rules and versions on
+    the same keys (so that counts are converted from every rate set to every other), and
+    resets of them."""
+    hits, resets = [], []
+    sets: list[tuple[int, Rates, tuple[int, ...]]] = []
+    if kind == "fw":
+        plain = [r for r in FIXED if all(type(w) is int for _, w in r)]  # (no quotas)
+        sets = [(len(rates), rates, tuple(map(int, rate_args(rates)))) for rates in plain]
+    elif kind == "sw":
+        sets = [(len(rates), rates, (n, *map(int, rate_args(rates)))) for n, rates in SLIDING]
+    else:
+        sets = [(1, ((b, 0),), (b, interval_us(rate))) for rate, b in BUCKETS]
+    script = {"fw": "fixed_window", "sw": "sliding_window", "tb": "token_bucket"}[kind]
+    for user, blockable in product(USERS, (False, True)):
+        for positions, rates, consts in sets:
+            keys = tuple(policy_keys(kind, user, positions, blockable))
+            resets.append(Call("delete", keys, ()))
+            for version, how, mode in product(POLICY_VERSIONS, RULES, (0, 1, 2, 5)):
+                stamp = f"{version}|{','.join(map(str, consts))}"
+                hits += [
+                    Call(f"{script}_policy", keys, (stamp, f"{kind}|{how}", c, mode, *consts))
+                    for c in costs(rates, mode)[:2]
+                ]
+    return weighted((hits, 8), (resets, 1))
+
+
+def policy_store_calls() -> st.SearchStrategy[Call]:
+    """Writes (sets and deletes of named policies and overrides, an override naming a
+    policy that may not exist) and reads of one limiter's policy store."""
+    named, overrides, channel = _keys.policies(head(_keys.POLICY_KIND), "api")
+    store = (named, overrides)
+    writes = [
+        Call("policy_write", store, (op, where, field, record, refers, channel, p))
+        for op, where, field, record, refers, p in product(
+            ("set", "del"),
+            ("p", "k"),
+            ("pro", "u"),
+            ('{"rates":[[1,1000]]}', ""),
+            ("", "pro", "gold"),
+            PUBLISH,
+        )
+    ]
+    reads = [
+        Call("policy_read", store, (whole, *users))
+        for whole, users in product(("0", "1"), ((), ("u",), ("u", "pro", "v")))
+    ]
+    return weighted((writes, 3), (reads, 1))
+
+
 class Oracle(RuleBasedStateMachine):
     """One fake Redis and one MemoryStore, driven through the same calls on one clock; a
     subclass adds the calls of one family of scripts (their keys never meet another's)."""
@@ -823,6 +890,10 @@ class Oracle(RuleBasedStateMachine):
             first = reply[4]
         elif name == "limiter_blocked":  # {µs the block still runs, now_us}
             first = int(reply[0] > 0)
+        elif name == "policy_write":  # {version, done}
+            first = reply[1]
+        elif name == "policy_read":  # {version, named, overrides}: a store written or not
+            first = int(reply[0] > 0)
         elif name in ("delete", "rate_invalidate"):  # keys removed: none (0) or some (1)
             first = int(int(reply) > 0)
         elif name.endswith("_refund"):  # {moved, now_us, applied}: none, some, a repeat (2)
@@ -830,7 +901,9 @@ class Oracle(RuleBasedStateMachine):
         else:
             first = reply[0] if isinstance(reply, list) else reply
         self.seen[name, int(first)] += 1
-        if name in ("fixed_window", "sliding_window", "token_bucket"):
+        if name.endswith("_policy") and reply[0] == -1:  # refused: {-1, stamp version}
+            return
+        if name.removesuffix("_policy") in ("fixed_window", "sliding_window", "token_bucket"):
             ahead = [reply[3], reply[4]]  # reset_after_us, retry_after_us
         elif name == "limiter_block":
             ahead = [reply[0]]  # the block's end
@@ -1069,6 +1142,44 @@ class Idempotency(Oracle):
         self.call(call)
 
 
+class PolicyLimiters(Oracle):
+    """The policy variants (``lua/policy_stamp.lua`` in front of each limiter script) as
+    rates, rules and versions change under them."""
+
+    branches: ClassVar[dict[str, set[int]]] = {
+        "fixed_window_policy": {-1, 0, 1},
+        "sliding_window_policy": {-1, 0, 1},
+        "token_bucket_policy": {-1, 0, 1},
+        "delete": set(),
+    }
+
+    @rule(move=MOVES, call=policy_calls("fw"))
+    def fixed(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+    @rule(move=MOVES, call=policy_calls("sw"))
+    def sliding(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+    @rule(move=MOVES, call=policy_calls("tb"))
+    def buckets(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
+class PolicyStores(Oracle):
+    """A limiter's policy store: writes and reads."""
+
+    branches: ClassVar[dict[str, set[int]]] = {"policy_write": {0, 1}, "policy_read": {0, 1}}
+
+    @rule(move=MOVES, call=policy_store_calls())
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
 class ServerChecks(Oracle):
     """``doctor``'s question: the clock, no INFO on either side, undeclared keys allowed."""
 
@@ -1091,6 +1202,8 @@ MACHINES = [
     FairLocks,
     OneShotTokens,
     Idempotency,
+    PolicyLimiters,
+    PolicyStores,
     ServerChecks,
 ]
 #: examples per machine (of 60 steps, each one call) under the ``full`` Hypothesis profile
@@ -1104,6 +1217,8 @@ EXAMPLES = {machine: 15 for machine in MACHINES} | {
     FairLocks: 20,
     Idempotency: 30,
     OneShotTokens: 10,
+    PolicyLimiters: 30,
+    PolicyStores: 5,
     ServerChecks: 3,
 }
 
@@ -1239,7 +1354,11 @@ def test_a_helper_file_only_defines_functions(helper: str) -> None:
 def test_every_lua_file_is_a_script_or_a_helper() -> None:
     """Each file in ``lua/`` is a registered script, or a helper some script reads first."""
     files = {path.stem for path in LUA.glob("*.lua")}
-    assert files == set(SCRIPTS) | set(HELPERS)
+    variants = {name for name in SCRIPTS if name.endswith("_policy")}
+    assert files == set(SCRIPTS) - variants | set(HELPERS) | set(PREAMBLES)
+    for name in variants:  # a preamble in front of a whole script
+        base = SCRIPTS[name.removesuffix("_policy")]
+        assert SCRIPTS[name].source == lua_file("policy_stamp") + base.source, name
     for helper in HELPERS:
         assert any(s.source.startswith(lua_file(helper)) for s in SCRIPTS.values()), helper
 
@@ -1486,6 +1605,34 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
         [_keys.tagged(doctor, "u", ":declared")],
         (_keys.tagged(doctor, "u", ":undeclared"),),
     )
+
+    # Policies: a key's first decision reads the store (its version, the named policies and
+    # the key's override), then calls the variant; a write bumps the version.
+    pfixed = arl.FixedWindow(*limits, backend=backend, name="api", policies=arl.Policies())
+    await pfixed.hit("u", 2)
+    assert pfixed._policies is not None
+    await pfixed._policies.set("pro", arl.Policy(limits[0]))
+    store_keys = list(_keys.policies(head(_keys.POLICY_KIND), "api"))
+    channel = store_keys.pop()
+    expect("policy_read", store_keys, ("1", "u"))
+    fixed_args: tuple[Arg, ...] = ("0|3,2500,5,10000", "fw|keep", 2, 1, *rate_args(rates))
+    expect("fixed_window_policy", policy_keys("fw", "u", 2, False), fixed_args)
+    record = '{"rates":[[3,2500]],"rule":"keep"}'
+    expect("policy_write", store_keys, ("set", "p", "pro", record, "", channel, "PUBLISH"))
+    psliding = arl.SlidingWindow(
+        *limits, buckets=7, backend=backend, name="api", policies=arl.Policies()
+    )
+    await psliding.hit("u")
+    sliding_args: tuple[Arg, ...] = ("1|7,3,2500,5,10000", "sw|keep", 1, 1, 7, *rate_args(rates))
+    expect("policy_read", store_keys, ("1", "u"))
+    expect("sliding_window_policy", policy_keys("sw", "u", 2, False), sliding_args)
+    pbucket = arl.TokenBucket(
+        limits[0], burst=2, backend=backend, name="api", policies=arl.Policies()
+    )
+    await pbucket.hit("u")
+    bucket_args: tuple[Arg, ...] = ("1|2,834", "tb|keep", 1, 1, 2, interval_us(R3))
+    expect("policy_read", store_keys, ("1", "u"))
+    expect("token_bucket_policy", policy_keys("tb", "u", 1, False), bucket_args)
 
     await backend.aclose()
     assert calls == sent

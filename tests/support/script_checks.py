@@ -28,6 +28,7 @@ KEY_ARGS = {
     "PEXPIREAT": "first",
     "PEXPIRETIME": "first",
     "HGET": "first",
+    "HEXISTS": "first",
     "HMGET": "first",
     "HSET": "first",
     "HDEL": "first",

@@ -363,6 +363,27 @@ def test_policy_fields_for_several_rates_and_a_token_bucket() -> None:
     assert _http_headers.sf_string('a"b\\c') == '"a\\"b\\\\c"'
 
 
+async def test_policy_fields_name_the_policy_a_decision_obeyed() -> None:
+    """A limiter with policies: RateLimit-Policy names the key's policy with its rates, and
+    RateLimit uses them; the code's rates keep the face's name; a key's own override shows
+    its limit without a window."""
+    async with arl.Backend.from_url("memory://") as backend:
+        policies = arl.Policies()
+        limiter = arl.FixedWindow("5/minute", backend=backend, name="api", policies=policies)
+        fields = _http_headers.QuotaPolicy(limiter, "api")
+        await policies.set("pro", "100/minute", "1000/hour")
+        await policies.assign("alice", "pro")
+        await policies.assign("bob", arl.Policy("7/second"))
+        pro = dict(fields.headers(await limiter.hit("alice")))
+        assert pro[b"ratelimit-policy"] == b'"pro-1";q=100;w=60, "pro-2";q=1000;w=3600'
+        assert pro[b"ratelimit"] == b'"pro-1";r=99;t=60'
+        default = dict(fields.headers(await limiter.hit("carol")))
+        assert default[b"ratelimit-policy"] == b'"api";q=5;w=60'
+        own = dict(fields.headers(await limiter.hit("bob")))
+        assert own[b"ratelimit-policy"] == b'"key";q=7'
+        assert own[b"ratelimit"] == b'"key";r=6;t=1'
+
+
 async def test_other_scopes_pass_through_untouched() -> None:
     """Lifespan and WebSocket scopes reach the app without a hit."""
     seen: list[str] = []

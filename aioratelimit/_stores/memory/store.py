@@ -44,6 +44,9 @@ from . import (
     penalties as memory_penalties,
 )
 from . import (
+    policies as memory_policies,
+)
+from . import (
     ratelimit as memory_ratelimit,
 )
 from . import (
@@ -60,6 +63,7 @@ Twin = Callable[[Keyspace, Sequence[str], Sequence[Arg], int], Reply]
 TWIN_MODULES: tuple[ModuleType, ...] = (
     memory_ratelimit,
     memory_penalties,
+    memory_policies,
     memory_locks,
     memory_leader,
     memory_rwlock,
