@@ -344,6 +344,14 @@ def test_bad_cost_functions_are_refused_at_once() -> None:
         body_bytes(1.5)  # type: ignore[arg-type]
 
 
+def test_the_aiohttp_middleware_refuses_a_rule_counted_by_the_response() -> None:
+    from aioratelimit.aiohttp import RateLimitMiddleware as AiohttpRateLimit
+
+    rule = Rule("GET", "/x", arl.FixedWindow("5/minute"), cost_from=body_bytes())
+    with pytest.raises(ValueError, match="ASGI middleware"):
+        AiohttpRateLimit(rules=[rule])
+
+
 def test_report_cost_checks_its_value_and_needs_a_meter() -> None:
     scope: dict[str, Any] = {"type": "http"}
     assert report_cost(scope, 3) is False  # nothing counts this request by its response
