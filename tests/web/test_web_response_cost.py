@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qs
@@ -23,7 +24,7 @@ from support.webserver import fresh_backend, serving
 
 import aioratelimit as arl
 from aioratelimit._scripts import Arg, Reply, Script
-from aioratelimit._web.metering import Meter
+from aioratelimit._web.metering import Meter, owned
 from aioratelimit.asgi import (
     RateLimitMiddleware,
     ResponseMeter,
@@ -383,3 +384,49 @@ def test_the_ready_made_functions_answer_from_the_view() -> None:
     assert body_bytes(1024)(view(200, 1025)) == 2
     assert body_bytes()(view(200, 0)) == 0
     assert reported()(view(200)) == 5
+
+
+async def test_a_cost_function_that_fails_keeps_the_estimate(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A ``cost_from`` that raises, or answers what cannot be settled, is logged; the
+    reservation stays held at its estimate and the other reservations still settle."""
+    async with arl.configure("memory://") as backend:
+        limiter = arl.FixedWindow("10/minute")
+        broken, negative, fine = [await limiter.reserve("k", 4) for _ in range(2)] + [
+            await limiter.reserve("j", 4)
+        ]
+        meter = Meter()
+        meter.add(broken, lambda served: 1 // 0)
+        meter.add(negative, lambda served: -1)
+        meter.add(fine, lambda served: 1)
+        with caplog.at_level(logging.ERROR, "aioratelimit"):
+            meter.settle()
+            meter.settle()  # once: nothing pending any more
+        await backend.drain()
+        assert (broken.state, negative.state, fine.state) == ("held", "held", "settled")
+        assert caplog.text.count("cost_from failed") == 2
+        assert "'k'" not in caplog.text  # (no user key in the log)
+
+
+async def test_an_app_that_raises_is_settled_by_what_it_sent() -> None:
+    """The app raised before its response started: ``cost_from`` sees no status and an
+    incomplete response, once, as the app ends."""
+    seen: list[Served] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        raise RuntimeError("the endpoint failed")
+
+    async def send(message: Any) -> None:
+        raise AssertionError("nothing is sent")
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b""}
+
+    async with arl.configure("memory://"):
+        limiter = arl.FixedWindow("10/minute")
+        meter = Meter()
+        meter.add(await limiter.reserve("k", 3), lambda served: seen.append(served))
+        with pytest.raises(RuntimeError, match="endpoint failed"):
+            await owned(meter, app, {"type": "http"}, receive, send)
+    assert [(s.status, s.body_bytes, s.complete, s.estimate) for s in seen] == [(None, 0, False, 3)]
