@@ -152,14 +152,15 @@ async def test_a_304_is_not_counted(store_url: str) -> None:
     """Revalidations answered 304 are given back; a full answer counts."""
     backend, app, mw, scripts = served(store_url, "5/minute", "/doc", 1, skip_status(304))
     async with serving(mw, backend) as client:
-        for _ in range(8):  # more than the limit: none of them counts
-            r = await client.get("/doc", headers={"If-None-Match": '"v1"'})
-            assert r.status_code == 304
-        assert await free(client) == 5
+        for _ in range(2):  # twice the limit in all: none of them counts
+            for _ in range(5):  # (within it until the give-backs have landed)
+                r = await client.get("/doc", headers={"If-None-Match": '"v1"'})
+                assert r.status_code == 304
+            assert await free(client) == 5
         assert (await client.get("/doc")).status_code == 200
         assert await free(client) == 4
-    assert [s.status for s in app.served] == [304] * 8 + [200]
-    assert scripts.count("fixed_window_refund") == 8
+    assert [s.status for s in app.served] == [304] * 10 + [200]
+    assert scripts.count("fixed_window_refund") == 10
 
 
 async def test_only_failed_logins_are_counted(store_url: str) -> None:
