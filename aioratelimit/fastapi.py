@@ -63,6 +63,18 @@ from ._web.clients import (
 )
 from ._web.flow import RateLimitFlow, Verdict
 from ._web.idempotency_dependency import IdempotencyKey, IdempotentRequest
+from ._web.metering import (
+    METER,
+    CostFunc,
+    Meter,
+    ResponseMeter,
+    Served,
+    body_bytes,
+    only_status,
+    report_cost,
+    reported,
+    skip_status,
+)
 from ._web.plans import Choice, LimiterFunc, Plan
 from ._web.problems import ProblemException, add_problem_handler, unavailable
 from ._web.routes import route_place
@@ -73,6 +85,7 @@ __all__ = [
     "Choice",
     "ClientFunc",
     "ConsumeToken",
+    "CostFunc",
     "IdempotencyKey",
     "IdempotentRequest",
     "LimiterFunc",
@@ -82,13 +95,20 @@ __all__ = [
     "Receive",
     "Refusal",
     "RespondWithResponse",
+    "ResponseMeter",
     "Scope",
     "Send",
+    "Served",
     "add_problem_handler",
+    "body_bytes",
     "client_ip",
     "credentials",
     "header",
+    "only_status",
     "path_param",
+    "report_cost",
+    "reported",
+    "skip_status",
     "user_id",
 ]
 
@@ -122,9 +142,16 @@ class RateLimit:
 
     Headers set by a dependency reach the client unless the endpoint returns a ``Response``
     object itself (FastAPI's rule); use the middleware for such endpoints.
+
+    ``cost_from(served)`` counts the request by its response, as a ``Rule``'s does: it is
+    admitted on ``cost`` (an estimate, reserved) and settled to ``cost_from``'s answer
+    once the response has been sent. A dependency never sees the response go out: the app
+    needs ``ResponseMeter`` (``app.add_middleware(ResponseMeter)``), or a
+    ``RateLimitMiddleware`` counting this request by its response, to watch it; without
+    either the request fails with ``RuntimeError`` before anything is counted.
     """
 
-    __slots__ = ("_flow", "client", "plan", "respond")
+    __slots__ = ("_flow", "client", "cost_from", "plan", "respond")
 
     def __init__(
         self,
@@ -139,9 +166,11 @@ class RateLimit:
         on_unavailable: Literal["deny", "allow"] | Fallback = "deny",
         breaker: Breaker | None = None,
         shadow: bool = False,
+        cost_from: CostFunc | None = None,
     ) -> None:
         self.client = check_client_func(client, "client") or client_ip()
-        self.plan = Plan(limiter, self.client, cost, policy_name, "default")
+        self.plan = Plan(limiter, self.client, cost, policy_name, "default", cost_from)
+        self.cost_from = self.plan.cost_from
         self._flow = RateLimitFlow(
             "RateLimit dependency",
             on_unavailable=on_unavailable,
@@ -162,11 +191,20 @@ class RateLimit:
 
     async def __call__(self, request: Request, response: Response) -> Decision | None:
         scope = request.scope
+        meter = scope.get(METER)
+        if self.cost_from is not None and not isinstance(meter, Meter):
+            raise RuntimeError(
+                "RateLimit(cost_from=...) needs the response watched:"
+                " app.add_middleware(ResponseMeter)"
+            )
         verdict = await self._flow.check(self.plan, scope, route_place(scope))
         if verdict is None:
             return None
         if verdict.status != 200:
             raise await self._refuse(verdict, scope)
+        if verdict.reservation is not None and self.cost_from is not None:
+            assert isinstance(meter, Meter)
+            meter.add(verdict.reservation, self.cost_from)
         for k, v in verdict.fields:
             response.headers.append(k.decode(), v.decode())
         return verdict.decision

@@ -115,6 +115,14 @@ class RateLimitMiddleware:
         breaker: Breaker | None = None,
         shadow: bool = False,
     ) -> None:
+        # Counting by the response watches the ASGI messages a response is sent in; an
+        # aiohttp response is written by aiohttp itself: refused, not silently left at the
+        # estimate.
+        if any(isinstance(rule, Rule) and rule.cost_from is not None for rule in rules):
+            raise ValueError(
+                "a Rule with cost_from= counts by the response, which needs the ASGI"
+                " middleware (aioratelimit.asgi); the aiohttp middleware does not do it"
+            )
         self._book = RuleBook(limiter, client, rules, exempt, policy_name, cost)
         self._flow = RateLimitFlow(
             "aiohttp RateLimitMiddleware",

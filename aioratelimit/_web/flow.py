@@ -17,13 +17,15 @@ declare ``FixedWindow("2/minute")`` get two counts per client, not one.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any, Literal, cast
 
 from .._backend import Backend
-from .._errors import BackendUnavailable
+from .._errors import BackendUnavailable, RateLimited
 from .._limits.failure import Fallback, check_on_unavailable
 from .._limits.guard import Guard, Options, Step
 from .._limits.limiter import Limiter
+from .._limits.reservation import Reservation
 from .._rates import Decision
 from .._scripts import Mode
 from .answers import (
@@ -47,14 +49,19 @@ MAX_GUARDS = 1024
 
 _HIT = int(Mode.HIT)
 
+#: Where a reserving step leaves its reservation for the ``check`` that called the guard:
+#: a guard returns a Decision only. A list set per call (a copied context shares it).
+_taken: ContextVar[list[Reservation] | None] = ContextVar("aioratelimit_taken", default=None)
+
 
 class Verdict:
     """What a face answers a request the limit counted: ``status`` 200 (admitted: the app
     runs with ``fields`` added), 429 (limited) or 503 (the backend is unavailable), with
     the ``fields`` and ``detail`` of the refusal, the ``decision`` (``None`` on a 503), the
-    ``policy`` name and the ``violated`` policy items the problem document names."""
+    ``policy`` name and the ``violated`` policy items the problem document names;
+    ``reservation`` is the admission's, held, when the plan counts by the response."""
 
-    __slots__ = ("decision", "detail", "fields", "policy", "status", "violated")
+    __slots__ = ("decision", "detail", "fields", "policy", "reservation", "status", "violated")
 
     def __init__(
         self,
@@ -67,6 +74,7 @@ class Verdict:
     ) -> None:
         self.status, self.fields, self.decision = status, fields, decision
         self.detail, self.policy, self.violated = detail, policy, violated
+        self.reservation: Reservation | None = None
 
     def refusal(self, scope: Scope) -> Refusal:
         """The refusal as a ``respond=`` hook is given it."""
@@ -90,8 +98,27 @@ def _same(decision: Decision) -> Decision:
 
 
 def _hit_step(limiter: Limiter) -> Step[Decision]:
-    """``limiter.hit`` as a guard's step (a web face only ever hits)."""
+    """``limiter.hit`` as a guard's step (a plan without ``cost_from``)."""
     return lambda key, cost, mode: limiter.hit(key, cost)
+
+
+async def reserve(limiter: Limiter, key: str, cost: int) -> Decision:
+    """A reservation of ``cost`` taken for ``key``: its decision, denied or not; the held
+    reservation goes to the calling ``check`` (``_taken``)."""
+    reservation = limiter.reserve(key, cost)
+    try:
+        await reservation
+    except RateLimited:
+        return cast(Decision, reservation.decision)
+    taken = _taken.get()
+    if taken is not None:
+        taken.append(reservation)
+    return cast(Decision, reservation.decision)
+
+
+def _reserve_step(limiter: Limiter) -> Step[Decision]:
+    """``reserve`` as a guard's step (a plan with ``cost_from``)."""
+    return lambda key, cost, mode: reserve(limiter, key, cost)
 
 
 class RateLimitFlow:
@@ -101,6 +128,7 @@ class RateLimitFlow:
         "_guards",
         "_options",
         "_outage",
+        "_reserving",
         "_retry_unavailable",
         "_store",
         "legacy_headers",
@@ -126,21 +154,26 @@ class RateLimitFlow:
         #: None: no option on, a request's hit is the limiter's own
         self._options = None if options.plain else options
         self._guards: dict[Limiter, Guard[Decision]] = {}
+        self._reserving: dict[Limiter, Guard[Decision]] = {}  # (guards of cost_from plans)
         # The fallback twins' own memory:// store: counted in this process only.
         self._store = Backend.from_url("memory://") if fallback != "raise" else None
         self.legacy_headers = bool(legacy_headers)
         self._retry_unavailable = retry_after_field(unavailable_retry_after)
         self._outage = OutageLog(face)
 
-    def _guard(self, limiter: Limiter, options: Options) -> Guard[Decision]:
-        """A new guard for ``limiter`` (with its fallback twin, for a ``Fallback``)."""
-        if len(self._guards) >= MAX_GUARDS:
-            self._guards.clear()
+    def _guard(self, limiter: Limiter, options: Options, reserving: bool) -> Guard[Decision]:
+        """A new guard for ``limiter`` (with its fallback twin, for a ``Fallback``), around
+        its hit or, ``reserving``, its reservation (the twin only ever hits: what it counts
+        is not the backend's, and a reservation it admitted would settle nothing)."""
+        table = self._reserving if reserving else self._guards
+        if len(table) >= MAX_GUARDS:
+            table.clear()
         share, twin = options.on_unavailable, None
         if isinstance(share, Fallback) and self._store is not None:
             twin = _hit_step(limiter._scaled(share, self._store))
-        guard = Guard(_hit_step(limiter), _same, options, limit=limiter._max_cost, fallback=twin)
-        self._guards[limiter] = guard
+        step = _reserve_step(limiter) if reserving else _hit_step(limiter)
+        guard = Guard(step, _same, options, limit=limiter._max_cost, fallback=twin)
+        table[limiter] = guard
         return guard
 
     async def check(self, plan: Plan, scope: Scope, place: str | None = None) -> Verdict | None:
@@ -157,11 +190,18 @@ class RateLimitFlow:
         limiter, options = pick.limiter, self._options
         if place is not None and limiter.name is None:
             client = placed(place, client)
+        reserving = pick.cost_from is not None
+        taken: list[Reservation] = []
+        token = _taken.set(taken) if reserving else None
         try:
             if options is None:
-                decision = await limiter.hit(client, pick.cost)
+                if reserving:
+                    decision = await reserve(limiter, client, pick.cost)
+                else:
+                    decision = await limiter.hit(client, pick.cost)
             else:
-                guard = self._guards.get(limiter) or self._guard(limiter, options)
+                table = self._reserving if reserving else self._guards
+                guard = table.get(limiter) or self._guard(limiter, options, reserving)
                 decision = await guard.decide(client, pick.cost, _HIT)
         except BackendUnavailable as exc:
             allow = self.on_unavailable == "allow"
@@ -174,9 +214,17 @@ class RateLimitFlow:
             detail = unavailable_detail("rate limit")
             fields = [self._retry_unavailable]
             return Verdict(503, fields, None, detail, policy.name, policy.names)
+        finally:
+            if token is not None:
+                _taken.reset(token)
         policy = pick.policy
         fields = policy.headers(decision, self.legacy_headers)
         if decision.allowed:
-            return Verdict(200, fields, decision)
+            verdict = Verdict(200, fields, decision)
+            # Held: admitted on the backend's count (a denial shadow mode let through, or
+            # a fallback's admission, took none: nothing to settle).
+            if taken and taken[-1].state == "held":
+                verdict.reservation = taken[-1]
+            return verdict
         violated = (policy.violated(decision),)
         return Verdict(429, fields, decision, exceeded_detail(decision), policy.name, violated)

@@ -15,6 +15,7 @@ from .._args import check_int
 from .._limits.limiter import Limiter
 from .clients import ClientFunc
 from .headers import QuotaPolicy, check_limiter, choose_policy_name
+from .metering import CostFunc, check_cost_func
 from .types import Scope
 
 #: What a ``LimiterFunc`` answers: a limiter (counted at the plan's cost), a limiter and
@@ -29,14 +30,21 @@ POLICY_CACHE = 256
 
 
 class Pick:
-    """One request's limiter, cost, client function and policy."""
+    """One request's limiter, cost, client function and policy (and ``cost_from``: the
+    cost is an estimate, settled by the response)."""
 
-    __slots__ = ("client", "cost", "limiter", "policy")
+    __slots__ = ("client", "cost", "cost_from", "limiter", "policy")
 
     def __init__(
-        self, limiter: Limiter, cost: int, client: ClientFunc, policy: QuotaPolicy
+        self,
+        limiter: Limiter,
+        cost: int,
+        client: ClientFunc,
+        policy: QuotaPolicy,
+        cost_from: CostFunc | None = None,
     ) -> None:
         self.limiter, self.cost, self.client, self.policy = limiter, cost, client, policy
+        self.cost_from = cost_from
 
 
 class Plan:
@@ -44,10 +52,20 @@ class Plan:
     go with it.
 
     The policy is named ``name`` if given, else the limiter's own ``name``, else
-    ``default_name``.
+    ``default_name``. With ``cost_from`` the cost is an estimate, settled by the response
+    (``metering``).
     """
 
-    __slots__ = ("_cost", "_fixed", "_func", "_policies", "client", "default_name", "name")
+    __slots__ = (
+        "_cost",
+        "_fixed",
+        "_func",
+        "_policies",
+        "client",
+        "cost_from",
+        "default_name",
+        "name",
+    )
 
     def __init__(
         self,
@@ -56,7 +74,9 @@ class Plan:
         cost: int,
         name: str | None,
         default_name: str,
+        cost_from: CostFunc | None = None,
     ) -> None:
+        self.cost_from = check_cost_func(cost_from)
         if name is not None:
             QuotaPolicy.check_name(name)
         QuotaPolicy.check_name(default_name)
@@ -66,7 +86,9 @@ class Plan:
         self._func: LimiterFunc | None = None
         if isinstance(limiter, Limiter):
             fixed = check_limiter(limiter)
-            self._fixed = Pick(fixed, fixed._check_cost(cost), client, self._policy(fixed))
+            self._fixed = Pick(
+                fixed, fixed._check_cost(cost), client, self._policy(fixed), self.cost_from
+            )
         elif callable(limiter):
             self._func = limiter
         else:
@@ -109,7 +131,9 @@ class Plan:
                 f" not {choice!r}"
             )
         # A cost above this limiter's limit is a bug in the function: ValueError, no hit.
-        return Pick(limiter, limiter._check_cost(cost), self.client, self._policy(limiter))
+        return Pick(
+            limiter, limiter._check_cost(cost), self.client, self._policy(limiter), self.cost_from
+        )
 
     def __repr__(self) -> str:
         return repr(self.limiter)

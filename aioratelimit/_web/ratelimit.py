@@ -21,6 +21,7 @@ from .answers import (
 )
 from .clients import ClientFunc, check_client_func, client_ip
 from .flow import RateLimitFlow
+from .metering import CostFunc, check_cost_func, meter_of, owned
 from .plans import LimiterFunc, Plan
 from .routes import Template, matches_any, methods_of, route_path, templates
 from .types import ASGIApp, Receive, Scope, Send
@@ -39,9 +40,21 @@ class Rule:
     name wherever it is used. ``client`` (default: the middleware's) and ``cost`` apply to
     requests of this route; ``name`` is the policy name in the ``RateLimit`` headers
     (default: the limiter's ``name`` if it has one, else the middleware's ``policy_name``).
+    ``cost_from(served)`` counts the request by its response: ``cost`` is then an estimate
+    the request is admitted on, settled to what ``cost_from`` answers once the response
+    has been sent (see ``RateLimitMiddleware``).
     """
 
-    __slots__ = ("client", "cost", "limiter", "methods", "name", "place", "template")
+    __slots__ = (
+        "client",
+        "cost",
+        "cost_from",
+        "limiter",
+        "methods",
+        "name",
+        "place",
+        "template",
+    )
 
     def __init__(
         self,
@@ -52,6 +65,7 @@ class Rule:
         client: ClientFunc | None = None,
         cost: int = 1,
         name: str | None = None,
+        cost_from: CostFunc | None = None,
     ) -> None:
         methods = methods_of(method)
         self.methods = methods | {"HEAD"} if methods is not None and "GET" in methods else methods
@@ -62,6 +76,7 @@ class Rule:
         self.client = check_client_func(client, "client")
         self.name = name
         self.limiter = limiter
+        self.cost_from = check_cost_func(cost_from)
         # Checked here, with its own name and a placeholder client, so a bad rule fails at once.
         self.cost = Plan(limiter, client_ip(), cost, name, "default")._cost
 
@@ -89,6 +104,7 @@ class RuleBook:
         exempt: Iterable[str] | str,
         policy_name: str | None,
         cost: int,
+        cost_from: CostFunc | None = None,
     ) -> None:
         client = check_client_func(client, "client")
         if client is None:
@@ -101,11 +117,23 @@ class RuleBook:
         self._exempt = templates(exempt)
         fallback = policy_name or "default"
         self._rules = [
-            (rule, Plan(rule.limiter, rule.client or client, rule.cost, rule.name, fallback))
+            (
+                rule,
+                Plan(
+                    rule.limiter,
+                    rule.client or client,
+                    rule.cost,
+                    rule.name,
+                    fallback,
+                    rule.cost_from,
+                ),
+            )
             for rule in rules
         ]
         self._default = (
-            None if limiter is None else Plan(limiter, client, cost, policy_name, fallback)
+            None
+            if limiter is None
+            else Plan(limiter, client, cost, policy_name, fallback, cost_from)
         )
 
     def plan(self, method: str, path: str) -> tuple[Plan | None, str | None]:
@@ -154,6 +182,14 @@ class RateLimitMiddleware:
     consecutive failures. ``shadow=True`` never refuses: the request
     passes, with ``X-RateLimit-Shadow: denied`` when the limit would have refused it.
     WebSocket and lifespan scopes pass through untouched.
+
+    ``cost_from`` (the default limiter's; a rule has its own) counts a request by its
+    response: it is admitted on ``cost``, an estimate (``limiter.reserve``), and once the
+    response has been sent (its last body chunk, or the app ended without it: the client
+    went away, the app raised) ``cost_from(served)`` is given a ``Served`` view (status,
+    headers, body bytes counted as they went, ``complete``, the endpoint's ``report_cost``)
+    and its answer settles the reservation, in the background, exactly once (None keeps
+    the estimate). The response's fields show the admission's decision.
     """
 
     __slots__ = ("_book", "_flow", "app", "respond")
@@ -174,9 +210,10 @@ class RateLimitMiddleware:
         on_unavailable: Literal["deny", "allow"] | Fallback = "deny",
         breaker: Breaker | None = None,
         shadow: bool = False,
+        cost_from: CostFunc | None = None,
     ) -> None:
         self.app = app
-        self._book = RuleBook(limiter, client, rules, exempt, policy_name, cost)
+        self._book = RuleBook(limiter, client, rules, exempt, policy_name, cost, cost_from)
         self._flow = RateLimitFlow(
             "RateLimitMiddleware",
             on_unavailable=on_unavailable,
@@ -196,7 +233,18 @@ class RateLimitMiddleware:
         if verdict is None:
             await self.app(scope, receive, send)
         elif verdict.status == 200:
-            await self.app(scope, receive, with_headers(send, verdict.fields))
+            send = with_headers(send, verdict.fields)
+            reservation = verdict.reservation
+            cost_from = None if plan is None else plan.cost_from
+            if reservation is None or cost_from is None:
+                await self.app(scope, receive, send)
+                return
+            meter, new = meter_of(scope)
+            meter.add(reservation, cost_from)
+            if new:
+                await owned(meter, self.app, scope, receive, send)
+            else:  # an outer middleware watches the response and settles
+                await self.app(scope, receive, send)
         elif self.respond is None:
             await send_problem(
                 send,
