@@ -29,6 +29,7 @@ from .._args import check_seconds, to_ms
 from .._backend import Backend, get_backend
 from .._errors import LockTimeout
 from .._scripts import Arg, Reply
+from .._stores.confirm import DEFAULT_REPLICAS_TIMEOUT
 from .lease import Hold, Names
 from .lock import MIN_WAIT, _Resource
 
@@ -61,8 +62,11 @@ class FairLock(_Resource):
         backend: Backend | None = None,
         *,
         heartbeat: float = HEARTBEAT,
+        replicas: int = 0,
+        replicas_timeout: float = DEFAULT_REPLICAS_TIMEOUT,
+        aof: bool = False,
     ) -> None:
-        super().__init__(name, ttl, backend)
+        super().__init__(name, ttl, backend, replicas, replicas_timeout, aof)
         self.heartbeat = check_seconds(heartbeat, "heartbeat")
 
     def _build_keys(self, backend: Backend) -> tuple[list[str], list[str], str]:
@@ -143,8 +147,20 @@ def fair_lock(
     *,
     heartbeat: float = HEARTBEAT,
     max_hold: float | None = None,
+    replicas: int = 0,
+    replicas_timeout: float = DEFAULT_REPLICAS_TIMEOUT,
+    aof: bool = False,
 ) -> Hold:
     """``async with arl.fair_lock(name) as lease:`` runs the block holding the fair lock
-    ``name``, once every waiter that came before has had it; otherwise like ``arl.lock``."""
-    lock = FairLock(name, ttl, backend, heartbeat=heartbeat)
+    ``name``, once every waiter that came before has had it; otherwise like ``arl.lock``
+    (``replicas=`` too)."""
+    lock = FairLock(
+        name,
+        ttl,
+        backend,
+        heartbeat=heartbeat,
+        replicas=replicas,
+        replicas_timeout=replicas_timeout,
+        aof=aof,
+    )
     return Hold._create(lock, timeout, auto_renew, max_hold)

@@ -40,6 +40,7 @@ from .._backend import Backend, get_backend
 from .._errors import LockLost
 from .._public import NoPublicConstructor
 from .._scripts import Arg, Reply
+from .._stores.confirm import DEFAULT_REPLICAS_TIMEOUT
 from .lease import Hold, Names
 from .lock import FALLBACK_WAIT, MIN_WAIT, _Resource
 
@@ -90,9 +91,16 @@ class Candidate(_Resource):
     _extend_script = _scripts.LOCK_EXTEND
 
     def __init__(
-        self, name: str, ttl: float, backend: Backend | None, identity: str | None
+        self,
+        name: str,
+        ttl: float,
+        backend: Backend | None,
+        identity: str | None,
+        replicas: int = 0,
+        replicas_timeout: float = DEFAULT_REPLICAS_TIMEOUT,
+        aof: bool = False,
     ) -> None:
-        super().__init__(name, ttl, backend)
+        super().__init__(name, ttl, backend, replicas, replicas_timeout, aof)
         self.identity = identity
 
     def _build_keys(self, backend: Backend) -> tuple[list[str], list[str], str]:
@@ -248,6 +256,9 @@ def leader(
     identity: str | None = None,
     timeout: float | None = None,
     backend: Backend | None = None,
+    replicas: int = 0,
+    replicas_timeout: float = DEFAULT_REPLICAS_TIMEOUT,
+    aof: bool = False,
 ) -> Leader:
     """``async with arl.leader(name) as term:`` waits until this process leads ``name``,
     then runs the block while it does, with ``term.epoch`` its fencing epoch.
@@ -258,8 +269,10 @@ def leader(
     followers. ``ttl``: seconds a term lives without renewal (how long a leader that died
     holds its followers off). ``identity``: what the leader publishes (default
     ``hostname:pid``). ``timeout``: seconds to wait to lead (``None`` forever), then
-    ``LockTimeout``.
+    ``LockTimeout``. ``replicas=``, ``replicas_timeout=``, ``aof=``: each claim and renewal
+    confirmed by replicas, as a lock's (a claim not confirmed is given back).
     """
     check_key(name, "name")
-    candidate = Candidate(name, ttl, backend, _check_identity(identity))
+    who = _check_identity(identity)
+    candidate = Candidate(name, ttl, backend, who, replicas, replicas_timeout, aof)
     return Leader._create(candidate, check_timeout(timeout))

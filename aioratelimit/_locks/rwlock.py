@@ -40,6 +40,7 @@ from .._args import check_timeout, to_ms
 from .._backend import Backend, get_backend
 from .._errors import LockTimeout
 from .._scripts import Arg, Reply
+from .._stores.confirm import DEFAULT_REPLICAS_TIMEOUT
 from .._stores.notify import Notifier
 from .._stores.subscription import Subscription
 from .lease import _HELD, Hold, Lease, Names
@@ -58,6 +59,10 @@ _held: contextvars.ContextVar[tuple[tuple[asyncio.Task[Any] | None, Lease], ...]
 )
 
 
+#: ``replicas``, ``replicas_timeout`` and ``aof`` of a read/write lock (as ``Lock`` takes them)
+Replicated = tuple[int, float, bool]
+
+
 class _Side(_Resource):
     """One mode of a read/write lock: the resource its leases hold."""
 
@@ -67,8 +72,10 @@ class _Side(_Resource):
     _release_script = _scripts.RWLOCK_RELEASE
     _extend_script = _scripts.SEMAPHORE_EXTEND  # (reads the same holders and fences)
 
-    def __init__(self, name: str, ttl: float, backend: Backend | None, mode: str) -> None:
-        super().__init__(name, ttl, backend)
+    def __init__(
+        self, name: str, ttl: float, backend: Backend | None, mode: str, confirmed: Replicated
+    ) -> None:
+        super().__init__(name, ttl, backend, *confirmed)
         self._mode = mode
 
     def _build_keys(self, backend: Backend) -> tuple[list[str], list[str], str]:
@@ -292,9 +299,20 @@ class ReadWriteLock:
 
     __slots__ = ("_read", "_write")
 
-    def __init__(self, name: str, ttl: float = 30.0, backend: Backend | None = None) -> None:
-        self._read = _ReadSide(name, ttl, backend, "r")
-        self._write = _WriteSide(name, ttl, backend, "w")
+    def __init__(
+        self,
+        name: str,
+        ttl: float = 30.0,
+        backend: Backend | None = None,
+        *,
+        replicas: int = 0,
+        replicas_timeout: float = DEFAULT_REPLICAS_TIMEOUT,
+        aof: bool = False,
+    ) -> None:
+        # ``replicas=``: each acquire in either mode, and each renewal, confirmed as a lock's
+        confirmed = (replicas, replicas_timeout, aof)
+        self._read = _ReadSide(name, ttl, backend, "r", confirmed)
+        self._write = _WriteSide(name, ttl, backend, "w", confirmed)
 
     @property
     def name(self) -> str:

@@ -10,6 +10,8 @@ WAIT's count is certain; WAIT's own short timeout ends the call.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 import redis
@@ -263,3 +265,32 @@ async def test_a_demoted_master_is_left(
     pool = primary._store._on.confirms  # type: ignore[attr-defined]
     assert pool is not None
     assert not pool._idle
+
+
+@pytest.mark.parametrize("kind", ["fair", "read", "write", "leader"])
+async def test_the_new_primitives_take_the_option(redis_url: str, key: str, kind: str) -> None:
+    """A fair lock, either side of a read/write lock and a leader's term confirm their
+    acquires as a lock does: with no replica to confirm, the acquire is given back and
+    raises; memory:// refuses the option before any I/O."""
+    with pytest.raises(ValueError, match="memory:// has no replicas"):
+        arl.FairLock(key, backend=arl.Backend.from_url("memory://"), replicas=1)
+    async with arl.Backend.from_url(redis_url) as backend:
+        options: dict[str, Any] = {"backend": backend, "replicas": 1, "replicas_timeout": SHORT}
+        rw = arl.ReadWriteLock(key, **options)
+        fair = arl.FairLock(key, **options)
+
+        async def lead() -> None:
+            async with arl.leader(key, ttl=5, timeout=1, **options):
+                raise AssertionError("led without a replica's confirmation")
+
+        acquire: dict[str, Callable[[], Awaitable[Any]]] = {
+            "fair": lambda: fair.acquire(timeout=0),
+            "read": lambda: rw.acquire_read(timeout=0),
+            "write": lambda: rw.acquire_write(timeout=0),
+            "leader": lead,
+        }
+        with pytest.raises(arl.NotReplicated):
+            await acquire[kind]()
+        assert not await fair.locked()
+        assert not await rw.locked()
+        assert await arl.leader(key, backend=backend).current() is None
