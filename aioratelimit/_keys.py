@@ -113,12 +113,19 @@ IDEMPOTENCY_KIND = "idem"
 LOCK_KIND = "lock"
 SEMAPHORE_KIND = "sem"
 PAUSE_KIND = "pause"
+LIST_KIND = "list"
 
 
 def pause(pause_head: str, name: str) -> tuple[str, str]:
     """A named pause's block (``lua/limiter_block.lua``) and the channel every process
     hears it on (one tag: the pause's name)."""
     return tagged(pause_head, name), tagged(pause_head, name, ":inv")
+
+
+def access_list(list_head: str, name: str) -> tuple[str, str]:
+    """An access list's entries (one hash: every process holds it whole) and the channel
+    every process hears it change on (one tag: the list's name)."""
+    return tagged(list_head, name), tagged(list_head, name, ":inv")
 
 
 def token(tok_head: str, digest: str) -> str:

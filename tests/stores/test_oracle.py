@@ -284,6 +284,7 @@ State = tuple[bytes, Any, int] | None
 #: the type of every key a script writes, by the kind in its name (``oracle:<kind>:...``)
 TYPES = {"fw": b"string", "tb": b"string", "sw": b"hash", "lock": b"string", "tok": b"string"}
 TYPES.update({"idem": b"hash", "sem": b"zset", "sem-fence": b"hash", "doctor": b"string"})
+TYPES["list"] = b"hash"
 
 
 def key_type(key: str) -> bytes:
@@ -600,6 +601,28 @@ def idempotency_calls() -> st.SearchStrategy[Call]:
     return weighted((claim, 3), (renew, 1), (complete, 3), (release, 2), (state, 4))
 
 
+#: access-list fields as ``_limits.lists`` stores them (allow/deny, key/network)
+LIST_FIELDS = ("+k:u", "-k:u", "-n:10.0.0.0/8", "+n:2001:db8::/32")
+LIST_NAMES = ("default", "edge{1}")
+
+
+def list_calls() -> st.SearchStrategy[Call]:
+    """Entries added (for a while or for good, to a list small enough to fill), removed,
+    and the lists read."""
+    add, remove, read = [], [], []
+    for name in LIST_NAMES:
+        key, channel = _keys.access_list(head("list"), name)
+        read.append(Call("list_read", (key,), ()))
+        for field, p in product(LIST_FIELDS, PUBLISH):
+            remove.append(Call("list_remove", (key,), (field, channel, p)))
+            add += [
+                Call("list_add", (key,), (field, us, most, channel, p))
+                for us in (0, *DURATIONS_US[:5], 30_000_000)
+                for most in (2, 10)
+            ]
+    return weighted((add, 3), (remove, 1), (read, 2))
+
+
 def server_calls() -> st.SearchStrategy[Call]:
     """``doctor``'s question, under both user keys' tags."""
     calls = []
@@ -703,6 +726,8 @@ class Oracle(RuleBasedStateMachine):
             first = reply[4]
         elif name == "limiter_blocked":  # {µs the block still runs, now_us}
             first = int(reply[0] > 0)
+        elif name == "list_read":  # {now_us, field, µs left, ...}: empty (0) or not (1)
+            first = int(len(reply) > 1)
         elif name in ("delete", "rate_invalidate"):  # keys removed: none (0) or some (1)
             first = int(int(reply) > 0)
         elif name.endswith("_refund"):  # {moved, now_us, applied}: none, some, a repeat (2)
@@ -901,6 +926,22 @@ class Idempotency(Oracle):
         self.call(call)
 
 
+class AccessLists(Oracle):
+    """Access lists: entries added with and without an expiry, refused when full, removed,
+    and read."""
+
+    branches: ClassVar[dict[str, set[int]]] = {
+        "list_add": {0, 1},
+        "list_remove": {0, 1},
+        "list_read": {0, 1},
+    }
+
+    @rule(move=MOVES, call=list_calls())
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
 class ServerChecks(Oracle):
     """``doctor``'s question: the clock, no INFO on either side, undeclared keys allowed."""
 
@@ -920,6 +961,7 @@ MACHINES = [
     Semaphores,
     OneShotTokens,
     Idempotency,
+    AccessLists,
     ServerChecks,
 ]
 #: examples per machine (of 60 steps, each one call) under the ``full`` Hypothesis profile
@@ -931,6 +973,7 @@ EXAMPLES = {machine: 15 for machine in MACHINES} | {
     Locks: 20,
     Idempotency: 30,
     OneShotTokens: 10,
+    AccessLists: 10,
     ServerChecks: 3,
 }
 

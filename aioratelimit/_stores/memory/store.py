@@ -32,6 +32,9 @@ from . import (
     idempotency as memory_idempotency,
 )
 from . import (
+    lists as memory_lists,
+)
+from . import (
     locks as memory_locks,
 )
 from . import (
@@ -51,6 +54,7 @@ Twin = Callable[[Keyspace, Sequence[str], Sequence[Arg], int], Reply]
 TWIN_MODULES: tuple[ModuleType, ...] = (
     memory_ratelimit,
     memory_penalties,
+    memory_lists,
     memory_locks,
     memory_idempotency,
     memory_server,
