@@ -28,6 +28,7 @@ from ._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
 from ._limits.calendar import Quota
 from ._limits.failure import Breaker, BreakerListener, Fallback, OnUnavailable
 from ._limits.limiter import Admission, Limiter
+from ._limits.lists import AccessList, ListEntry
 from ._limits.pause import Pause
 from ._limits.reservation import Reservation
 from ._locks.lease import Hold, Lease
@@ -39,6 +40,7 @@ from ._version import __version__
 from ._web.headers import ratelimit_headers
 
 __all__ = [
+    "AccessList",
     "Admission",
     "AioRateLimitError",
     "Backend",
@@ -54,6 +56,7 @@ __all__ = [
     "IdempotencyKeyMismatch",
     "Lease",
     "Limiter",
+    "ListEntry",
     "Lock",
     "LockLost",
     "LockNotOwned",
