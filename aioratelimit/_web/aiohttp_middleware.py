@@ -23,6 +23,7 @@ from .._backend import Backend
 from .._idempotency.store import Claimed, Replay
 from .._limits.failure import Breaker, Fallback
 from .._limits.limiter import Limiter
+from .._limits.lists import AccessList
 from .answers import PROBLEM_JSON, UNAVAILABLE_RETRY_AFTER, Refusal, check_respond, problem_body
 from .clients import ClientFunc, header_values
 from .flow import RateLimitFlow, Verdict
@@ -87,7 +88,7 @@ class RateLimitMiddleware:
     ``aioratelimit.asgi.RateLimitMiddleware`` (see there), with templates matched against
     ``request.path`` (a sub-application's prefix included, as aiohttp shows it to its
     middlewares): ``rules`` (``Rule``), ``exempt``, ``client``, ``policy_name``, ``cost``,
-    ``legacy_headers``, ``on_unavailable``, ``breaker``, ``shadow``. ``respond(refusal)``
+    ``legacy_headers``, ``on_unavailable``, ``breaker``, ``shadow``, ``lists``. ``respond(refusal)``
     (sync or async) returns the aiohttp response to send instead of the problem document.
 
     An admitted request's response gets the ``RateLimit`` fields, a raised ``HTTPException``
@@ -114,8 +115,9 @@ class RateLimitMiddleware:
         on_unavailable: Literal["deny", "allow"] | Fallback = "deny",
         breaker: Breaker | None = None,
         shadow: bool = False,
+        lists: AccessList | None = None,
     ) -> None:
-        self._book = RuleBook(limiter, client, rules, exempt, policy_name, cost)
+        self._book = RuleBook(limiter, client, rules, exempt, policy_name, cost, lists)
         self._flow = RateLimitFlow(
             "aiohttp RateLimitMiddleware",
             on_unavailable=on_unavailable,

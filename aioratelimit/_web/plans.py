@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from .._args import check_int
 from .._limits.limiter import Limiter
+from .._limits.lists import AccessList, check_lists
 from .clients import ClientFunc
 from .headers import QuotaPolicy, check_limiter, choose_policy_name
 from .types import Scope
@@ -44,10 +45,19 @@ class Plan:
     go with it.
 
     The policy is named ``name`` if given, else the limiter's own ``name``, else
-    ``default_name``.
+    ``default_name``. ``lists``: the access list its clients are looked up on first.
     """
 
-    __slots__ = ("_cost", "_fixed", "_func", "_policies", "client", "default_name", "name")
+    __slots__ = (
+        "_cost",
+        "_fixed",
+        "_func",
+        "_policies",
+        "client",
+        "default_name",
+        "lists",
+        "name",
+    )
 
     def __init__(
         self,
@@ -56,7 +66,10 @@ class Plan:
         cost: int,
         name: str | None,
         default_name: str,
+        *,
+        lists: AccessList | None = None,
     ) -> None:
+        self.lists = check_lists(lists)
         if name is not None:
             QuotaPolicy.check_name(name)
         QuotaPolicy.check_name(default_name)

@@ -11,6 +11,7 @@ from typing import Literal
 
 from .._limits.failure import Breaker, Fallback
 from .._limits.limiter import Limiter
+from .._limits.lists import AccessList, check_lists
 from .answers import (
     UNAVAILABLE_RETRY_AFTER,
     RespondWithApp,
@@ -39,9 +40,10 @@ class Rule:
     name wherever it is used. ``client`` (default: the middleware's) and ``cost`` apply to
     requests of this route; ``name`` is the policy name in the ``RateLimit`` headers
     (default: the limiter's ``name`` if it has one, else the middleware's ``policy_name``).
+    ``lists`` (default: the middleware's) is the ``AccessList`` its clients are looked up on.
     """
 
-    __slots__ = ("client", "cost", "limiter", "methods", "name", "place", "template")
+    __slots__ = ("client", "cost", "limiter", "lists", "methods", "name", "place", "template")
 
     def __init__(
         self,
@@ -52,8 +54,10 @@ class Rule:
         client: ClientFunc | None = None,
         cost: int = 1,
         name: str | None = None,
+        lists: AccessList | None = None,
     ) -> None:
         methods = methods_of(method)
+        self.lists = check_lists(lists, "lists")
         self.methods = methods | {"HEAD"} if methods is not None and "GET" in methods else methods
         self.template = Template.compile(path)
         #: the rule as text, ``"GET,HEAD /orders/{id}"``: what an unnamed limiter counts per
@@ -89,7 +93,9 @@ class RuleBook:
         exempt: Iterable[str] | str,
         policy_name: str | None,
         cost: int,
+        lists: AccessList | None = None,
     ) -> None:
+        lists = check_lists(lists, "lists")
         client = check_client_func(client, "client")
         if client is None:
             client = client_ip()
@@ -101,11 +107,23 @@ class RuleBook:
         self._exempt = templates(exempt)
         fallback = policy_name or "default"
         self._rules = [
-            (rule, Plan(rule.limiter, rule.client or client, rule.cost, rule.name, fallback))
+            (
+                rule,
+                Plan(
+                    rule.limiter,
+                    rule.client or client,
+                    rule.cost,
+                    rule.name,
+                    fallback,
+                    lists=rule.lists or lists,
+                ),
+            )
             for rule in rules
         ]
         self._default = (
-            None if limiter is None else Plan(limiter, client, cost, policy_name, fallback)
+            None
+            if limiter is None
+            else Plan(limiter, client, cost, policy_name, fallback, lists=lists)
         )
 
     def plan(self, method: str, path: str) -> tuple[Plan | None, str | None]:
@@ -154,6 +172,12 @@ class RateLimitMiddleware:
     consecutive failures. ``shadow=True`` never refuses: the request
     passes, with ``X-RateLimit-Shadow: denied`` when the limit would have refused it.
     WebSocket and lifespan scopes pass through untouched.
+
+    ``lists=AccessList(...)`` (or a rule's own) is looked up first, by the request's client
+    key (a ``client_ip`` key also matches the networks holding its address, after the
+    trusted-proxy rules): an allow entry lets the request through uncounted, a deny entry
+    answers ``403`` (``application/problem+json``) before any limit is counted; others are
+    counted as usual. A ``blockable`` limiter's block answers 429 with ``Retry-After``.
     """
 
     __slots__ = ("_book", "_flow", "app", "respond")
@@ -174,9 +198,10 @@ class RateLimitMiddleware:
         on_unavailable: Literal["deny", "allow"] | Fallback = "deny",
         breaker: Breaker | None = None,
         shadow: bool = False,
+        lists: AccessList | None = None,
     ) -> None:
         self.app = app
-        self._book = RuleBook(limiter, client, rules, exempt, policy_name, cost)
+        self._book = RuleBook(limiter, client, rules, exempt, policy_name, cost, lists)
         self._flow = RateLimitFlow(
             "RateLimitMiddleware",
             on_unavailable=on_unavailable,
