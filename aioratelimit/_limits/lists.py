@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from .. import _keys, _scripts
 from .._args import check_int, check_key, check_seconds, from_us, to_us
 from .._backend import Backend, get_backend
-from .list_table import Action, held, watch
+from .list_table import held, watch
 
 #: The most entries a list holds by default, and the most ``max_entries`` may be: every
 #: process holds the whole list, and every change reads it whole.
@@ -38,7 +38,7 @@ class ListEntry(NamedTuple):
     """One live entry of an ``AccessList``, as ``AccessList.entries`` reads it."""
 
     #: ``"allow"`` or ``"deny"``
-    action: Action
+    action: str
     #: ``"key"`` or ``"network"``
     kind: str
     #: the key, or the network in its normal form (``"10.0.0.0/8"``, ``"2001:db8::/32"``)
@@ -142,7 +142,11 @@ class AccessList:
             )
 
     async def remove(
-        self, action: Action, *, key: str | None = None, network: str | None = None
+        self,
+        action: Literal["allow", "deny"],
+        *,
+        key: str | None = None,
+        network: str | None = None,
     ) -> bool:
         """Take an entry off the list in every process; False if it was not there."""
         field = entry_field(action, key, network)
@@ -161,12 +165,12 @@ class AccessList:
             raw = reply[i]
             field = raw.decode() if isinstance(raw, bytes) else str(raw)
             left = int(reply[i + 1])
-            action: Action = "allow" if field[0] == "+" else "deny"
+            action = "allow" if field[0] == "+" else "deny"
             kind = "key" if field[1] == "k" else "network"
             found.append(ListEntry(action, kind, field[3:], from_us(left) if left else None))
         return found
 
-    async def verdict(self, key: str) -> Action | None:
+    async def verdict(self, key: str) -> Literal["allow", "deny"] | None:
         """``"allow"``, ``"deny"`` or None for ``key``, from what this process holds; the
         first call per process reads the list (at most the backend's timeout and a
         little more: a list that cannot be read yet answers None)."""
@@ -177,7 +181,7 @@ class AccessList:
             await asyncio.wait((listener.read,), timeout=backend.timeout + READ_GRACE)
         return listener.table.verdict(key)
 
-    def known(self, key: str) -> Action | None:
+    def known(self, key: str) -> Literal["allow", "deny"] | None:
         """``verdict`` without I/O: None before this process has read the list."""
         listener = held(self.backend, self.name)
         return None if listener is None else listener.table.verdict(key)
