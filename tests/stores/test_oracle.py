@@ -1300,6 +1300,15 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
         (_keys.tagged(doctor, "u", ":undeclared"),),
     )
 
+    lists = arl.AccessList(LIST_NAMES[1], backend=backend, max_entries=10)
+    await lists.deny(network="10.0.0.0/8", ttl=0.0025)
+    await lists.remove("allow", key="u")
+    await lists.entries()
+    key, channel = _keys.access_list(head("list"), LIST_NAMES[1])
+    expect("list_add", [key], (LIST_FIELDS[2], 2_500, 10, channel, "PUBLISH"))
+    expect("list_remove", [key], (LIST_FIELDS[0], channel, "PUBLISH"))
+    expect("list_read", [key], ())
+
     await backend.aclose()
     assert calls == sent
     # ``delete`` is no longer the library's (a reset is ``rate_invalidate``, which tells the
