@@ -14,6 +14,8 @@
 local field = ARGV[1]
 local ttl_us = tonumber(ARGV[2])
 local max = tonumber(ARGV[3])
+local channel = ARGV[4]
+local publish = ARGV[5]
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -44,5 +46,5 @@ if not present then
   held = held + 1
 end
 redis.call('HSET', KEYS[1], field, ends)
-redis.call(ARGV[5], ARGV[4], '')
+redis.call(publish, channel, '')
 return {1, held, now}

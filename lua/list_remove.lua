@@ -7,8 +7,11 @@
 -- ARGV[3]  publish   'PUBLISH', or 'SPUBLISH' on a cluster
 --
 -- Reply: 1 removed, 0 not on the list
+local channel = ARGV[2]
+local publish = ARGV[3]
+
 local removed = redis.call('HDEL', KEYS[1], ARGV[1])
 if removed == 1 then
-  redis.call(ARGV[3], ARGV[2], '')
+  redis.call(publish, channel, '')
 end
 return removed

@@ -369,12 +369,14 @@ async def test_a_subscriber_closed_under_its_reader_leaves_no_socket_open(
 
 
 async def test_only_releases_are_sent_again() -> None:
-    """Exactly the three release scripts and the three refunds (sent again only as a
-    settlement sends them, with a record) are marked safe to send twice, and
+    """Exactly the four release scripts (an access list's entry removed too), the three
+    refunds (sent again only as a settlement sends them, with a record) and the reads the
+    listeners make (a pause's block, an access list) are marked safe to send twice, and
     ``run_repeatable`` refuses any other script before sending anything (a hit sent twice
     would be counted twice)."""
     repeatable = {name for name, s in _scripts.SCRIPTS.items() if s.repeatable}
-    assert repeatable == {"lock_release", "semaphore_release", "idem_release"} | {
+    releases = {"lock_release", "semaphore_release", "idem_release", "list_remove"}
+    assert repeatable == releases | {"limiter_blocked", "list_read"} | {
         f"{kind}_refund" for kind in ("fixed_window", "sliding_window", "token_bucket")
     }
     async with arl.Backend.from_url("memory://") as backend:
