@@ -30,6 +30,7 @@ from ._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
 from ._limits.calendar import Quota
 from ._limits.failure import Breaker, BreakerListener, Fallback, OnUnavailable
 from ._limits.limiter import Limiter
+from ._limits.lists import AccessList, ListEntry
 from ._limits.multi import AllAdmission, acquire_all, admit_all, hit_all, peek_all
 from ._limits.pause import Pause
 from ._limits.policies import Policies
@@ -49,6 +50,7 @@ from ._version import __version__
 from ._web.headers import ratelimit_headers
 
 __all__ = [
+    "AccessList",
     "Admission",
     "AioRateLimitError",
     "AllAdmission",
@@ -68,6 +70,7 @@ __all__ = [
     "Leader",
     "Lease",
     "Limiter",
+    "ListEntry",
     "Lock",
     "LockLost",
     "LockNotOwned",

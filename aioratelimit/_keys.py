@@ -164,6 +164,7 @@ SEMAPHORE_KIND = "sem"
 LEADER_KIND = "leader"
 EVERY_KIND = "every"
 PAUSE_KIND = "pause"
+LIST_KIND = "list"
 
 
 def pause(pause_head: str, name: str) -> tuple[str, str]:
@@ -174,6 +175,12 @@ def pause(pause_head: str, name: str) -> tuple[str, str]:
 
 RWLOCK_KIND = "rw"
 FAIR_KIND = "fair"
+
+
+def access_list(list_head: str, name: str) -> tuple[str, str]:
+    """An access list's entries (one hash: every process holds it whole) and the channel
+    every process hears it change on (one tag: the list's name)."""
+    return tagged(list_head, name), tagged(list_head, name, ":inv")
 
 
 def token(tok_head: str, digest: str) -> str:

@@ -9,8 +9,9 @@ methods do nothing): ``aioratelimit.otel`` turns its calls into OpenTelemetry in
 an application without OpenTelemetry subclasses it (both public: ``docs/metrics.md``).
 
 A decision that did not come from a script (the deny cache, a pause, a fallback, shadow
-mode) is
-reported with ``decided(..., result=DENIED_CACHED | PAUSED | DEGRADED | SHADOW_DENIED)``, and a
+mode, an
+access list) is reported with ``decided(..., result=DENIED_CACHED | PAUSED | DEGRADED |
+SHADOW_DENIED | ALLOWED_LISTED | DENIED_LISTED)``, and a
 circuit breaker's change of state with ``breaker_changed(state)``.
 """
 
@@ -37,8 +38,13 @@ DENIED_CACHED = "denied_cached"  # denied by the local cache of denials, without
 DEGRADED = "degraded"  # answered by the fallback policy while the backend is unavailable
 PAUSED = "paused"  # denied by a shared pause (``Pause``) known here, without a round trip
 SHADOW_DENIED = "shadow_denied"  # would have been denied; admitted because the limit is shadowed
+ALLOWED_LISTED = "allowed_listed"  # on an access list's allow entries: no limit counted
+DENIED_LISTED = "denied_listed"  # on an access list's deny entries: refused, no limit counted
 ERROR = "error"  # no decision: the backend failed (the error is counted in backend errors)
-RESULTS = (ALLOWED, DENIED, DENIED_CACHED, PAUSED, DEGRADED, SHADOW_DENIED, ERROR)
+RESULTS = (
+    *(ALLOWED, DENIED, DENIED_CACHED, PAUSED, DEGRADED, SHADOW_DENIED, ERROR),
+    *(ALLOWED_LISTED, DENIED_LISTED),
+)
 
 #: How a lock or semaphore acquire ended (``aioratelimit.lock.result``).
 ACQUIRED, TIMEOUT, CANCELED = "acquired", "timeout", "canceled"

@@ -165,6 +165,12 @@ LIMITER_BLOCKED = _load("limiter_blocked", repeatable=True)
 FIXED_WINDOW_REFUND = _load("fixed_window_refund", repeatable=True)
 SLIDING_WINDOW_REFUND = _load("sliding_window_refund", repeatable=True)
 TOKEN_BUCKET_REFUND = _load("token_bucket_refund", repeatable=True)
+#: ``{1 added / 0 refused (full), entries held, now_us}``: an access list's entry
+LIST_ADD = _load("list_add")
+#: 1 removed, 0 not there (a repeat after a lost reply answers 0 and changes nothing)
+LIST_REMOVE = _load("list_remove", repeatable=True)
+#: ``{now_us, field, µs left or 0, ...}``: an access list's live entries; reads only
+LIST_READ = _load("list_read", repeatable=True)
 #: the number of keys that existed
 DELETE = _load("delete")
 #: a limiter's reset (and the deny caches' invalidation): the number of keys removed

@@ -43,6 +43,7 @@ from ._errors import BackendUnavailable
 from ._idempotency.tokens import consume_token
 from ._limits.failure import Breaker, Fallback
 from ._limits.limiter import Limiter
+from ._limits.lists import AccessList
 from ._rates import Decision
 from ._web.answers import (
     UNAVAILABLE_RETRY_AFTER,
@@ -138,7 +139,9 @@ class RateLimit:
     request is counted in-process on ``share`` of the limits; a WARNING either way.
     ``breaker`` and ``shadow`` (never refuse; ``X-RateLimit-Shadow`` says what the limit
     said) are the middleware's options. ``respond(refusal)`` (sync or async) builds the 429/503
-    ``Response`` itself; ``add_problem_handler(app)`` sends it.
+    ``Response`` itself; ``add_problem_handler(app)`` sends it. ``lists=AccessList(...)``
+    is looked up first, as the middleware's: allowed, the endpoint runs uncounted (the
+    value is None); denied, ``ProblemException`` 403 before any limit is counted.
 
     Headers set by a dependency reach the client unless the endpoint returns a ``Response``
     object itself (FastAPI's rule); use the middleware for such endpoints.
@@ -167,9 +170,10 @@ class RateLimit:
         breaker: Breaker | None = None,
         shadow: bool = False,
         cost_from: CostFunc | None = None,
+        lists: AccessList | None = None,
     ) -> None:
         self.client = check_client_func(client, "client") or client_ip()
-        self.plan = Plan(limiter, self.client, cost, policy_name, "default", cost_from)
+        self.plan = Plan(limiter, self.client, cost, policy_name, "default", cost_from, lists=lists)
         self.cost_from = self.plan.cost_from
         self._flow = RateLimitFlow(
             "RateLimit dependency",

@@ -13,6 +13,7 @@
 -- Reply: {microseconds until the block in place now ends, now_us}
 local block_us = tonumber(ARGV[1])
 local channel = ARGV[2]
+local publish = ARGV[3]
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -24,6 +25,6 @@ if old > ends then
 end
 redis.call('SET', KEYS[1], ends, 'PXAT', math.ceil(ends / 1000))
 if channel then
-  redis.call(ARGV[3], channel, ARGV[1])
+  redis.call(publish, channel, ARGV[1])
 end
 return {block_us, now}

@@ -2,11 +2,12 @@
 
 ``demo``     the limiters at work
 ``inspect``  a key under a limiter spec, a lock, a leader, a semaphore, an idempotency key,
-             a pause
+             a pause, an access list
 ``reset``    forget a key; free a lock whose holder crashed (``--force``)
 ``policy``   a limiter's policies: set, get, list, delete, assign, unassign
 ``doctor``   is this deployment ready: version, mode, scripts, clock, latency
 ``bench``    ours against the raw redis-py floor, sequential and concurrent
+``lists``    an access list's entries: add, remove, show
 
 This module holds the parser; each command lives in the module of its name (``inspect``
 and ``reset`` in ``state``).
@@ -53,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     from . import bench as _cli_bench
     from . import demo as _cli_demo
     from . import doctor as _cli_doctor
+    from . import lists as _cli_lists
     from . import policy as _cli_policy
     from . import state as _cli_state
 
@@ -122,6 +124,7 @@ def _parser() -> argparse.ArgumentParser:
     pause = what.add_parser("pause", parents=[common], help="whether a shared pause runs")
     pause.add_argument("name")
     pause.set_defaults(run=_cli_state.inspect_pause, needs_url=True)
+    _cli_lists.add_inspect(what, common)
 
     reset = commands.add_parser("reset", help="forget a key; free a lock a crashed process held")
     what = reset.add_subparsers(dest="what", metavar="WHAT", required=True)
@@ -152,6 +155,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--seconds", type=float, default=1.0, help="per measurement (1.0)")
     bench.add_argument("--concurrency", type=int, default=50, help="concurrent callers (50)")
     bench.set_defaults(run=_cli_bench.bench, check=_cli_bench.check)
+    _cli_lists.add_parsers(commands, common)
     return parser
 
 

@@ -23,6 +23,7 @@ from .._backend import Backend
 from .._idempotency.store import Claimed, Replay
 from .._limits.failure import Breaker, Fallback
 from .._limits.limiter import Limiter
+from .._limits.lists import AccessList
 from .answers import PROBLEM_JSON, UNAVAILABLE_RETRY_AFTER, Refusal, check_respond, problem_body
 from .clients import ClientFunc, header_values
 from .flow import RateLimitFlow, Verdict
@@ -87,7 +88,7 @@ class RateLimitMiddleware:
     ``aioratelimit.asgi.RateLimitMiddleware`` (see there), with templates matched against
     ``request.path`` (a sub-application's prefix included, as aiohttp shows it to its
     middlewares): ``rules`` (``Rule``), ``exempt``, ``client``, ``policy_name``, ``cost``,
-    ``legacy_headers``, ``on_unavailable``, ``breaker``, ``shadow``. ``respond(refusal)``
+    ``legacy_headers``, ``on_unavailable``, ``breaker``, ``shadow``, ``lists``. ``respond(refusal)``
     (sync or async) returns the aiohttp response to send instead of the problem document.
 
     An admitted request's response gets the ``RateLimit`` fields, a raised ``HTTPException``
@@ -114,6 +115,7 @@ class RateLimitMiddleware:
         on_unavailable: Literal["deny", "allow"] | Fallback = "deny",
         breaker: Breaker | None = None,
         shadow: bool = False,
+        lists: AccessList | None = None,
     ) -> None:
         # Counting by the response watches the ASGI messages a response is sent in; an
         # aiohttp response is written by aiohttp itself: refused, not silently left at the
@@ -123,7 +125,7 @@ class RateLimitMiddleware:
                 "a Rule with cost_from= counts by the response, which needs the ASGI"
                 " middleware (aioratelimit.asgi); the aiohttp middleware does not do it"
             )
-        self._book = RuleBook(limiter, client, rules, exempt, policy_name, cost)
+        self._book = RuleBook(limiter, client, rules, exempt, policy_name, cost, None, lists)
         self._flow = RateLimitFlow(
             "aiohttp RateLimitMiddleware",
             on_unavailable=on_unavailable,

@@ -104,6 +104,10 @@ def exceeded_detail(decision: Decision) -> str:
     return f"rate limit exceeded; try again in {seconds_header(decision.retry_after)} s"
 
 
+#: The detail of a 403 for a client on an access list's deny entries.
+LISTED_DETAIL = "the client is denied access"
+
+
 def unavailable_detail(what: str) -> str:
     """The detail of a 503 when the ``what`` backend (``"rate limit"``...) is unreachable."""
     return f"the {what} backend is unavailable; try again later"
@@ -139,8 +143,11 @@ def problem_body(
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def problem_kind(status: int) -> str:
-    """A rate limit's problem type for a refusal of ``status`` (429 or 503)."""
+def problem_kind(status: int) -> str | None:
+    """A rate limit's problem type for a refusal of ``status``: 429 and 503 have the
+    draft's; a 403 (a client on an access list's deny entries) is ``about:blank``."""
+    if status == 403:
+        return None
     return QUOTA_EXCEEDED if status == 429 else TEMPORARY_REDUCED_CAPACITY
 
 

@@ -20,15 +20,18 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import Any, Literal, cast
 
+from .. import _observe
 from .._backend import Backend
 from .._errors import BackendUnavailable, RateLimited
 from .._limits.failure import Fallback, check_on_unavailable
 from .._limits.guard import Guard, Options, Step
 from .._limits.limiter import Limiter
+from .._limits.list_table import Action
 from .._limits.reservation import Reservation
 from .._rates import Decision
 from .._scripts import Mode
 from .answers import (
+    LISTED_DETAIL,
     WEB_POLICIES,
     OutageLog,
     Refusal,
@@ -40,7 +43,7 @@ from .answers import (
     unavailable_detail,
 )
 from .clients import resolve
-from .plans import Plan
+from .plans import Pick, Plan
 from .types import Scope
 
 #: The most limiters one face keeps a guard (and a fallback twin) for: a ``LimiterFunc``
@@ -48,6 +51,8 @@ from .types import Scope
 MAX_GUARDS = 1024
 
 _HIT = int(Mode.HIT)
+#: The field a shadowed face adds where a deny entry would have refused the request.
+_SHADOW_LISTED = (b"x-ratelimit-shadow", b"denied")
 
 #: Where a reserving step leaves its reservation for the ``check`` that called the guard:
 #: a guard returns a Decision only. A list set per call (a copied context shares it).
@@ -130,6 +135,7 @@ class RateLimitFlow:
         "_outage",
         "_reserving",
         "_retry_unavailable",
+        "_shadow",
         "_store",
         "legacy_headers",
         "on_unavailable",
@@ -160,6 +166,7 @@ class RateLimitFlow:
         self.legacy_headers = bool(legacy_headers)
         self._retry_unavailable = retry_after_field(unavailable_retry_after)
         self._outage = OutageLog(face)
+        self._shadow = bool(options.shadow)
 
     def _guard(self, limiter: Limiter, options: Options, reserving: bool) -> Guard[Decision]:
         """A new guard for ``limiter`` (with its fallback twin, for a ``Fallback``), around
@@ -176,6 +183,20 @@ class RateLimitFlow:
         table[limiter] = guard
         return guard
 
+    def _listed(self, listed: Action, pick: Pick) -> Verdict | None:
+        """The verdict on a client an access list names: None (allowed: the app runs,
+        nothing counted) or a 403 (denied; admitted with the shadow field when shadowed)."""
+        allowed = listed == "allow"
+        if _observe.recorder is not None:
+            result = _observe.ALLOWED_LISTED if allowed else _observe.DENIED_LISTED
+            limiter = pick.limiter
+            _observe.decided(limiter.name, limiter._script.name, result, 0.0)
+        if allowed:
+            return None
+        if self._shadow:
+            return Verdict(200, [_SHADOW_LISTED], None)
+        return Verdict(403, [], None, LISTED_DETAIL, pick.policy.name)
+
     async def check(self, plan: Plan, scope: Scope, place: str | None = None) -> Verdict | None:
         """The verdict on a request under ``plan``, declared at ``place`` (a rule's or a
         route's text; None: one count for every route); None: not limited, the app runs as
@@ -187,6 +208,13 @@ class RateLimitFlow:
         client = await resolve(pick.client, scope)
         if client is None:
             return None
+        # Precedence: an allow entry bypasses every limit, a deny entry refuses at once
+        # (before a block or a limit is counted), then the limits; from the list as this
+        # process holds it, so no request pays a round trip for it.
+        if plan.lists is not None:
+            listed = await plan.lists.verdict(client)
+            if listed is not None:
+                return self._listed(listed, pick)
         limiter, options = pick.limiter, self._options
         if place is not None and limiter.name is None:
             client = placed(place, client)

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from .._args import check_int
 from .._limits.limiter import Limiter
+from .._limits.lists import AccessList, check_lists
 from .clients import ClientFunc
 from .headers import QuotaPolicy, check_limiter, choose_policy_name
 from .metering import CostFunc, check_cost_func
@@ -53,7 +54,7 @@ class Plan:
 
     The policy is named ``name`` if given, else the limiter's own ``name``, else
     ``default_name``. With ``cost_from`` the cost is an estimate, settled by the response
-    (``metering``).
+    (``metering``). ``lists``: the access list its clients are looked up on first.
     """
 
     __slots__ = (
@@ -64,6 +65,7 @@ class Plan:
         "client",
         "cost_from",
         "default_name",
+        "lists",
         "name",
     )
 
@@ -75,8 +77,11 @@ class Plan:
         name: str | None,
         default_name: str,
         cost_from: CostFunc | None = None,
+        *,
+        lists: AccessList | None = None,
     ) -> None:
         self.cost_from = check_cost_func(cost_from)
+        self.lists = check_lists(lists)
         if name is not None:
             QuotaPolicy.check_name(name)
         QuotaPolicy.check_name(default_name)

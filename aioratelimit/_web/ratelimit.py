@@ -11,6 +11,7 @@ from typing import Literal
 
 from .._limits.failure import Breaker, Fallback
 from .._limits.limiter import Limiter
+from .._limits.lists import AccessList, check_lists
 from .answers import (
     UNAVAILABLE_RETRY_AFTER,
     RespondWithApp,
@@ -43,6 +44,7 @@ class Rule:
     ``cost_from(served)`` counts the request by its response: ``cost`` is then an estimate
     the request is admitted on, settled to what ``cost_from`` answers once the response
     has been sent (see ``RateLimitMiddleware``).
+    ``lists`` (default: the middleware's) is the ``AccessList`` its clients are looked up on.
     """
 
     __slots__ = (
@@ -50,6 +52,7 @@ class Rule:
         "cost",
         "cost_from",
         "limiter",
+        "lists",
         "methods",
         "name",
         "place",
@@ -66,8 +69,10 @@ class Rule:
         cost: int = 1,
         name: str | None = None,
         cost_from: CostFunc | None = None,
+        lists: AccessList | None = None,
     ) -> None:
         methods = methods_of(method)
+        self.lists = check_lists(lists, "lists")
         self.methods = methods | {"HEAD"} if methods is not None and "GET" in methods else methods
         self.template = Template.compile(path)
         #: the rule as text, ``"GET,HEAD /orders/{id}"``: what an unnamed limiter counts per
@@ -105,7 +110,9 @@ class RuleBook:
         policy_name: str | None,
         cost: int,
         cost_from: CostFunc | None = None,
+        lists: AccessList | None = None,
     ) -> None:
+        lists = check_lists(lists, "lists")
         client = check_client_func(client, "client")
         if client is None:
             client = client_ip()
@@ -126,6 +133,7 @@ class RuleBook:
                     rule.name,
                     fallback,
                     rule.cost_from,
+                    lists=rule.lists or lists,
                 ),
             )
             for rule in rules
@@ -133,7 +141,7 @@ class RuleBook:
         self._default = (
             None
             if limiter is None
-            else Plan(limiter, client, cost, policy_name, fallback, cost_from)
+            else Plan(limiter, client, cost, policy_name, fallback, cost_from, lists=lists)
         )
 
     def plan(self, method: str, path: str) -> tuple[Plan | None, str | None]:
@@ -190,6 +198,12 @@ class RateLimitMiddleware:
     headers, body bytes counted as they went, ``complete``, the endpoint's ``report_cost``)
     and its answer settles the reservation, in the background, exactly once (None keeps
     the estimate). The response's fields show the admission's decision.
+
+    ``lists=AccessList(...)`` (or a rule's own) is looked up first, by the request's client
+    key (a ``client_ip`` key also matches the networks holding its address, after the
+    trusted-proxy rules): an allow entry lets the request through uncounted, a deny entry
+    answers ``403`` (``application/problem+json``) before any limit is counted; others are
+    counted as usual. A ``blockable`` limiter's block answers 429 with ``Retry-After``.
     """
 
     __slots__ = ("_book", "_flow", "app", "respond")
@@ -211,9 +225,10 @@ class RateLimitMiddleware:
         breaker: Breaker | None = None,
         shadow: bool = False,
         cost_from: CostFunc | None = None,
+        lists: AccessList | None = None,
     ) -> None:
         self.app = app
-        self._book = RuleBook(limiter, client, rules, exempt, policy_name, cost, cost_from)
+        self._book = RuleBook(limiter, client, rules, exempt, policy_name, cost, cost_from, lists)
         self._flow = RateLimitFlow(
             "RateLimitMiddleware",
             on_unavailable=on_unavailable,

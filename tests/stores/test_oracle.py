@@ -310,6 +310,7 @@ TYPES.update({"idem": b"hash", "sem": b"zset", "sem-fence": b"hash", "doctor": b
 TYPES.update({"leader": b"string", "every": b"string"})
 TYPES.update({"rw": b"zset", "rw-fence": b"hash", "fair": b"string", "fair-queue": b"zset"})
 TYPES["pol"] = b"hash"  # a policy store's named policies and overrides
+TYPES["list"] = b"hash"
 
 
 def key_type(key: str) -> bytes:
@@ -723,6 +724,28 @@ def idempotency_calls() -> st.SearchStrategy[Call]:
     return weighted((claim, 3), (renew, 1), (complete, 3), (release, 2), (state, 4))
 
 
+#: access-list fields as ``_limits.lists`` stores them (allow/deny, key/network)
+LIST_FIELDS = ("+k:u", "-k:u", "-n:10.0.0.0/8", "+n:2001:db8::/32")
+LIST_NAMES = ("default", "edge{1}")
+
+
+def list_calls() -> st.SearchStrategy[Call]:
+    """Entries added (for a while or for good, to a list small enough to fill), removed,
+    and the lists read."""
+    add, remove, read = [], [], []
+    for name in LIST_NAMES:
+        key, channel = _keys.access_list(head("list"), name)
+        read.append(Call("list_read", (key,), ()))
+        for field, p in product(LIST_FIELDS, PUBLISH):
+            remove.append(Call("list_remove", (key,), (field, channel, p)))
+            add += [
+                Call("list_add", (key,), (field, us, most, channel, p))
+                for us in (0, *DURATIONS_US[:5], 30_000_000)
+                for most in (2, 10)
+            ]
+    return weighted((add, 3), (remove, 1), (read, 2))
+
+
 def server_calls() -> st.SearchStrategy[Call]:
     """``doctor``'s question, under both user keys' tags."""
     calls = []
@@ -894,6 +917,8 @@ class Oracle(RuleBasedStateMachine):
             first = reply[1]
         elif name == "policy_read":  # {version, named, overrides}: a store written or not
             first = int(reply[0] > 0)
+        elif name == "list_read":  # {now_us, field, µs left, ...}: empty (0) or not (1)
+            first = int(len(reply) > 1)
         elif name in ("delete", "rate_invalidate"):  # keys removed: none (0) or some (1)
             first = int(int(reply) > 0)
         elif name.endswith("_refund"):  # {moved, now_us, applied}: none, some, a repeat (2)
@@ -907,6 +932,8 @@ class Oracle(RuleBasedStateMachine):
             ahead = [reply[3], reply[4]]  # reset_after_us, retry_after_us
         elif name == "limiter_block":
             ahead = [reply[0]]  # the block's end
+        elif name == "list_read":
+            ahead = [int(left) for left in reply[2::2]]  # each entry's end
         elif name == "idem_claim" and first in (0, 1):
             ahead = [reply[1] - now if first == 0 else reply[1]]  # the lease's end
         else:
@@ -1180,6 +1207,22 @@ class PolicyStores(Oracle):
         self.call(call)
 
 
+class AccessLists(Oracle):
+    """Access lists: entries added with and without an expiry, refused when full, removed,
+    and read."""
+
+    branches: ClassVar[dict[str, set[int]]] = {
+        "list_add": {0, 1},
+        "list_remove": {0, 1},
+        "list_read": {0, 1},
+    }
+
+    @rule(move=MOVES, call=list_calls())
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
 class ServerChecks(Oracle):
     """``doctor``'s question: the clock, no INFO on either side, undeclared keys allowed."""
 
@@ -1204,6 +1247,7 @@ MACHINES = [
     Idempotency,
     PolicyLimiters,
     PolicyStores,
+    AccessLists,
     ServerChecks,
 ]
 #: examples per machine (of 60 steps, each one call) under the ``full`` Hypothesis profile
@@ -1219,6 +1263,7 @@ EXAMPLES = {machine: 15 for machine in MACHINES} | {
     OneShotTokens: 10,
     PolicyLimiters: 30,
     PolicyStores: 5,
+    AccessLists: 10,
     ServerChecks: 3,
 }
 
@@ -1317,6 +1362,27 @@ def test_limiter_blocked_answers_like_its_twin_through_a_block() -> None:
         loop.run_until_complete(store.aclose())
         loop.close()
     assert answers == [30_000_000, 29_999_999, 1, 0, 0]
+
+
+def test_an_access_list_entry_ends_on_its_microsecond_on_both_sides() -> None:
+    """An entry with a TTL is read until its last µs and not at its end; an add at its end
+    drops it first, and a full list refuses a new entry until then, on the Lua and on the
+    twin alike (instants the random histories seldom land on)."""
+    key, channel = _keys.access_list(head("list"), LIST_NAMES[0])
+    keys = [key]
+    add, read = SCRIPTS["list_add"], SCRIPTS["list_read"]
+    with side_by_side() as pair:
+        clock = pair.clock
+        pair.run(add, keys, (LIST_FIELDS[1], 2_500, 2, channel, "PUBLISH"))
+        pair.run(add, keys, (LIST_FIELDS[2], 0, 2, channel, "PUBLISH"))
+        start = clock.now_us
+        clock.now_us = start + 2_499
+        assert pair.run(read, keys, ()) == [start + 2_499, b"-k:u", 1, b"-n:10.0.0.0/8", 0]
+        assert pair.run(add, keys, (LIST_FIELDS[0], 0, 2, channel, "PUBLISH"))[0] == 0
+        clock.now_us = start + 2_500
+        assert pair.run(read, keys, ()) == [start + 2_500, b"-n:10.0.0.0/8", 0]
+        assert pair.run(add, keys, (LIST_FIELDS[0], 0, 2, channel, "PUBLISH"))[:2] == [1, 2]
+        assert pair.run(SCRIPTS["list_remove"], keys, (LIST_FIELDS[1], channel, "PUBLISH")) == 0
 
 
 # -- the registry and the expiry rule ------------------------------------------------------
@@ -1633,6 +1699,15 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     bucket_args: tuple[Arg, ...] = ("1|2,834", "tb|keep", 1, 1, 2, interval_us(R3))
     expect("policy_read", store_keys, ("1", "u"))
     expect("token_bucket_policy", policy_keys("tb", "u", 1, False), bucket_args)
+
+    lists = arl.AccessList(LIST_NAMES[1], backend=backend, max_entries=10)
+    await lists.deny(network="10.0.0.0/8", ttl=0.0025)
+    await lists.remove("allow", key="u")
+    await lists.entries()
+    key, channel = _keys.access_list(head("list"), LIST_NAMES[1])
+    expect("list_add", [key], (LIST_FIELDS[2], 2_500, 10, channel, "PUBLISH"))
+    expect("list_remove", [key], (LIST_FIELDS[0], channel, "PUBLISH"))
+    expect("list_read", [key], ())
 
     await backend.aclose()
     assert calls == sent

@@ -19,9 +19,9 @@ it waits for with no pipe open) is marked ``real_time`` and keeps asyncio's own 
 
 While a test runs on one (``running``), the package's other clocks follow it too: the
 memory store's default clock (microseconds since the epoch, what Redis ``TIME`` answers),
-the deny cache's and the pauses', and the one that times what the metrics report; so a
-window a test sleeps through has passed for the store, and a wait it jumped over is
-reported as long as it was.
+the deny cache's, the pauses' and the access lists', and the one that times what the
+metrics report; so a window a test sleeps through has passed for the store, and a wait it
+jumped over is reported as long as it was.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any, TypeVar, TypeVarTuple
 import pytest
 
 from aioratelimit import _observe
-from aioratelimit._limits import deny_cache, guard, pause
+from aioratelimit._limits import deny_cache, guard, list_table, pause
 from aioratelimit._stores.memory import store as memory_store
 
 T = TypeVar("T")
@@ -135,6 +135,7 @@ def running(clock: VirtualClock) -> Iterator[VirtualClock]:
         patch.setattr(deny_cache, "clock", clock.monotonic)
         patch.setattr(guard, "clock", clock.monotonic)
         patch.setattr(pause, "clock", clock.monotonic)
+        patch.setattr(list_table, "clock", clock.monotonic)
         patch.setattr(_observe, "_clock", clock.monotonic)  # the durations it reports
         current = clock
         try:

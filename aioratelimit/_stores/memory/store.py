@@ -38,6 +38,9 @@ from . import (
     leader as memory_leader,
 )
 from . import (
+    lists as memory_lists,
+)
+from . import (
     locks as memory_locks,
 )
 from . import (
@@ -64,6 +67,7 @@ TWIN_MODULES: tuple[ModuleType, ...] = (
     memory_ratelimit,
     memory_penalties,
     memory_policies,
+    memory_lists,
     memory_locks,
     memory_leader,
     memory_rwlock,
