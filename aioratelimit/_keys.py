@@ -112,6 +112,7 @@ TOKEN_KIND = "tok"
 IDEMPOTENCY_KIND = "idem"
 LOCK_KIND = "lock"
 SEMAPHORE_KIND = "sem"
+INFLIGHT_KIND = "inflight"
 PAUSE_KIND = "pause"
 
 
@@ -140,6 +141,13 @@ def lock(lock_head: str, name: str) -> tuple[str, str]:
 def semaphore(sem_head: str, name: str) -> tuple[str, str, str]:
     """A semaphore's holders (ZSET), its fences (HASH) and its wake-up channel (one tag)."""
     return tagged(sem_head, name), tagged(sem_head, name, ":fence"), tagged(sem_head, name, ":wake")
+
+
+def in_flight(inflight_head: str, key: str) -> tuple[str, str, str]:
+    """An in-flight limit's slots of one client key: a semaphore's holders, fences and
+    wake-up channel (``semaphore``), under the same tag as that key's rate counters
+    (``tagged(limiter_head, key, ...)``), so one script decides both."""
+    return semaphore(inflight_head, key)
 
 
 # -- the deployment's secret ---------------------------------------------------------------

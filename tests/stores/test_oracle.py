@@ -284,6 +284,7 @@ State = tuple[bytes, Any, int] | None
 #: the type of every key a script writes, by the kind in its name (``oracle:<kind>:...``)
 TYPES = {"fw": b"string", "tb": b"string", "sw": b"hash", "lock": b"string", "tok": b"string"}
 TYPES.update({"idem": b"hash", "sem": b"zset", "sem-fence": b"hash", "doctor": b"string"})
+TYPES.update({"inflight": b"zset"})
 
 
 def key_type(key: str) -> bytes:
@@ -292,7 +293,8 @@ def key_type(key: str) -> bytes:
         return b"string"
     if "}:settle:" in key:  # a settlement's record (``_keys.settlement``)
         return b"string"
-    return TYPES["sem-fence" if kind == "sem" and key.endswith(":fence") else kind]
+    fence = kind in ("sem", "inflight") and key.endswith(":fence")
+    return TYPES["sem-fence" if fence else kind]
 
 
 def lua_states(client: fakeredis.FakeRedis, keys: Sequence[str]) -> list[State]:
@@ -569,6 +571,33 @@ def semaphore_calls() -> st.SearchStrategy[Call]:
     return weighted((acquire, 3), (release, 2), (extend, 2), (holders, 1))
 
 
+#: plain rates only: an in-flight rule's rate is a FixedWindow without a calendar quota
+INFLIGHT_RATES: tuple[Rates, ...] = ((), (R1,), (R4,), (R3, R4), (R2, R5, R6))
+#: fresh tokens for the in-flight acquires (a token is never sent twice; a few repeats
+#: still reach the "seen already" branch)
+INFLIGHT_TOKENS = (*TOKENS, "CCCCCCCCCCCCCCCCCCCCCC", "dddddddddddddddddddddd")
+
+
+def inflight_calls() -> st.SearchStrategy[Call]:
+    """In-flight acquires (a slot and the rates' hit, all-or-nothing) of two clients under
+    limits that may differ between callers; the slots' releases, extensions and reads."""
+    acquire, release, extend, holders = [], [], [], []
+    for user in USERS:
+        zset, fences, channel = _keys.in_flight(head(_keys.INFLIGHT_KIND), user)
+        keys = (zset, fences)
+        holders.append(Call("semaphore_holders", (zset,), ()))
+        for token, ms in product(INFLIGHT_TOKENS, TTLS_MS):
+            extend.append(Call("semaphore_extend", keys, (token, ms)))
+            release += [Call("semaphore_release", keys, (token, ms, channel, p)) for p in PUBLISH]
+        for rates, token, ms, slots in product(INFLIGHT_RATES, INFLIGHT_TOKENS, TTLS_MS, (1, 2)):
+            full = (*keys, *fixed_keys(user, rates))
+            for cost in costs(rates) if rates else [1]:
+                acquire.append(
+                    Call("inflight_acquire", full, (token, ms, slots, cost, *rate_args(rates)))
+                )
+    return weighted((acquire, 3), (release, 3), (extend, 1), (holders, 1))
+
+
 def token_calls() -> st.SearchStrategy[Call]:
     """One-shot tokens issued (again), consumed, and presented by the wrong subject."""
     issue, consume = [], []
@@ -712,6 +741,8 @@ class Oracle(RuleBasedStateMachine):
         self.seen[name, int(first)] += 1
         if name in ("fixed_window", "sliding_window", "token_bucket"):
             ahead = [reply[3], reply[4]]  # reset_after_us, retry_after_us
+        elif name == "inflight_acquire":
+            ahead = [reply[6], reply[7]]  # the binding rate's reset_after_us, retry_after_us
         elif name == "limiter_block":
             ahead = [reply[0]]  # the block's end
         elif name == "idem_claim" and first in (0, 1):
@@ -870,6 +901,22 @@ class Semaphores(Oracle):
         self.call(call)
 
 
+class InFlight(Oracle):
+    """In-flight slots taken with a fixed-window hit (or alone), released, extended."""
+
+    branches: ClassVar[dict[str, set[int]]] = {
+        "inflight_acquire": {-1, 0, 1, 2},
+        "semaphore_release": {0, 1, 2},
+        "semaphore_extend": {0, 1},
+        "semaphore_holders": {0, 1},
+    }
+
+    @rule(move=MOVES, call=inflight_calls())
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
 class OneShotTokens(Oracle):
     """One-shot tokens: ``issue_token`` and ``consume_token``."""
 
@@ -918,6 +965,7 @@ MACHINES = [
     TokenBuckets,
     Locks,
     Semaphores,
+    InFlight,
     OneShotTokens,
     Idempotency,
     ServerChecks,
@@ -929,6 +977,7 @@ EXAMPLES = {machine: 15 for machine in MACHINES} | {
     SlidingWindows: 30,
     TokenBuckets: 30,
     Locks: 20,
+    InFlight: 20,
     Idempotency: 30,
     OneShotTokens: 10,
     ServerChecks: 3,

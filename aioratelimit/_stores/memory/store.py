@@ -2,10 +2,10 @@
 
 ``MemoryStore.run(script, keys, args)`` answers exactly what a Redis store answers for the
 same script, keys and arguments, given the same clock reading. The twins live in the
-modules beside this one (``ratelimit``, ``penalties``, ``locks``, ``idempotency`` and
-``server``), one function per file of ``lua/``, named like it; the dispatch is derived
-from those names, and ``tests/stores/test_oracle.py`` runs the real Lua (fakeredis with lupa)
-against every twin.
+modules beside this one (``ratelimit``, ``penalties``, ``locks``, ``inflight``,
+``idempotency`` and ``server``), one function per file of ``lua/``, named like it; the
+dispatch is derived from those names, and ``tests/stores/test_oracle.py`` runs the real
+Lua (fakeredis with lupa) against every twin.
 
 Keys expire by Redis's rule (``keyspace``); expired keys are dropped when touched and by an
 incremental sweep (a few dozen keys at most per call), so memory follows the keys that are
@@ -32,6 +32,9 @@ from . import (
     idempotency as memory_idempotency,
 )
 from . import (
+    inflight as memory_inflight,
+)
+from . import (
     locks as memory_locks,
 )
 from . import (
@@ -52,6 +55,7 @@ TWIN_MODULES: tuple[ModuleType, ...] = (
     memory_ratelimit,
     memory_penalties,
     memory_locks,
+    memory_inflight,
     memory_idempotency,
     memory_server,
 )
