@@ -9,6 +9,8 @@ import inspect
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
+from .._backend import Backend
+from .._errors import BackendUnavailable
 from .._limits.failure import Breaker, Fallback
 from .._limits.limiter import Limiter
 from .answers import (
@@ -20,10 +22,11 @@ from .answers import (
     with_headers,
 )
 from .clients import ClientFunc, check_client_func, client_ip
-from .flow import RateLimitFlow
+from .flow import RateLimitFlow, Verdict
+from .inflight import InFlightPlan, Slot, check_in_flight_options, refuse_websocket
 from .plans import LimiterFunc, Plan
 from .routes import Template, matches_any, methods_of, route_path, templates
-from .types import ASGIApp, Receive, Scope, Send
+from .types import ASGIApp, Message, Receive, Scope, Send
 
 
 class Rule:
@@ -39,19 +42,42 @@ class Rule:
     name wherever it is used. ``client`` (default: the middleware's) and ``cost`` apply to
     requests of this route; ``name`` is the policy name in the ``RateLimit`` headers
     (default: the limiter's ``name`` if it has one, else the middleware's ``policy_name``).
+
+    ``in_flight=n``: at most ``n`` requests of one client on this route at once (a
+    WebSocket connection counts for its lifetime). Each holds a slot until its response
+    ends, the client goes away or its task is cancelled; a slot is renewed every
+    ``in_flight_ttl`` / 3 seconds while it is held, and a crashed holder's expires after
+    ``in_flight_ttl``. With a ``limiter`` (a ``FixedWindow`` of plain rates, without
+    options of its own) the slot and the rate are decided in one call: the hit counts
+    only if a slot is free, the slot is taken only if the rate admits the hit. Without one
+    the rule limits concurrency alone, on ``backend`` (default: the configured backend).
     """
 
-    __slots__ = ("client", "cost", "limiter", "methods", "name", "place", "template")
+    __slots__ = (
+        "backend",
+        "client",
+        "cost",
+        "in_flight",
+        "in_flight_ttl",
+        "limiter",
+        "methods",
+        "name",
+        "place",
+        "template",
+    )
 
     def __init__(
         self,
         method: str | Iterable[str],
         path: str,
-        limiter: Limiter | LimiterFunc,
+        limiter: Limiter | LimiterFunc | None = None,
         *,
         client: ClientFunc | None = None,
         cost: int = 1,
         name: str | None = None,
+        in_flight: int | None = None,
+        in_flight_ttl: float = 30.0,
+        backend: Backend | None = None,
     ) -> None:
         methods = methods_of(method)
         self.methods = methods | {"HEAD"} if methods is not None and "GET" in methods else methods
@@ -62,8 +88,33 @@ class Rule:
         self.client = check_client_func(client, "client")
         self.name = name
         self.limiter = limiter
-        # Checked here, with its own name and a placeholder client, so a bad rule fails at once.
-        self.cost = Plan(limiter, client_ip(), cost, name, "default")._cost
+        self.in_flight, self.in_flight_ttl, self.backend = in_flight, in_flight_ttl, backend
+        self.cost = cost
+        # Checked here, with a placeholder client, so a bad rule fails at once.
+        plan = self.plan(client_ip(), "default")
+        self.cost = plan.cost if isinstance(plan, InFlightPlan) else plan._cost
+
+    def plan(self, client: ClientFunc, default_name: str) -> Plan | InFlightPlan:
+        """The rule's plan under the middleware's ``client`` and policy name: an
+        ``InFlightPlan`` with ``in_flight``, else a ``Plan``."""
+        client = self.client or client
+        if self.in_flight is not None:
+            return InFlightPlan(
+                self.in_flight,
+                self.in_flight_ttl,
+                self.limiter,
+                client,
+                self.cost,
+                self.name,
+                default_name,
+                self.place,
+                self.backend,
+            )
+        if self.limiter is None:
+            raise TypeError("a Rule needs a limiter, in_flight=, or both")
+        if self.backend is not None:
+            raise ValueError("backend= goes with in_flight= (a limiter has its own backend)")
+        return Plan(self.limiter, client, self.cost, self.name, default_name)
 
     def matches(self, method: str, path: str) -> bool:
         return (self.methods is None or method in self.methods) and (
@@ -100,15 +151,19 @@ class RuleBook:
             raise ValueError("a rate-limit middleware needs a limiter, rules, or both")
         self._exempt = templates(exempt)
         fallback = policy_name or "default"
-        self._rules = [
-            (rule, Plan(rule.limiter, rule.client or client, rule.cost, rule.name, fallback))
-            for rule in rules
+        self._rules: list[tuple[Rule, Plan | InFlightPlan]] = [
+            (rule, rule.plan(client, fallback)) for rule in rules
         ]
         self._default = (
             None if limiter is None else Plan(limiter, client, cost, policy_name, fallback)
         )
 
-    def plan(self, method: str, path: str) -> tuple[Plan | None, str | None]:
+    @property
+    def in_flight(self) -> bool:
+        """Whether a rule has an in-flight limit."""
+        return any(isinstance(plan, InFlightPlan) for _, plan in self._rules)
+
+    def plan(self, method: str, path: str) -> tuple[Plan | InFlightPlan | None, str | None]:
         """The request's plan (None: not limited) and where it was declared (a rule's
         place; None for the default, one count across every route)."""
         if matches_any(self._exempt, path):
@@ -177,6 +232,7 @@ class RateLimitMiddleware:
     ) -> None:
         self.app = app
         self._book = RuleBook(limiter, client, rules, exempt, policy_name, cost)
+        check_in_flight_options(self._book.in_flight, on_unavailable, breaker, shadow)
         self._flow = RateLimitFlow(
             "RateLimitMiddleware",
             on_unavailable=on_unavailable,
@@ -188,15 +244,35 @@ class RateLimitMiddleware:
         self.respond = check_respond(respond)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        kind = scope["type"]
+        if kind == "websocket":
+            # A WebSocket handshake is a GET; only an in-flight rule holds one (for the
+            # connection's lifetime): a rate limit lets WebSockets pass, as it always has.
+            plan, _ = self._book.plan("GET", route_path(scope))
+            if isinstance(plan, InFlightPlan):
+                await self._in_flight(plan, scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
+            return
+        if kind != "http":
             await self.app(scope, receive, send)
             return
         plan, place = self._book.plan(scope["method"], route_path(scope))
+        if isinstance(plan, InFlightPlan):
+            await self._in_flight(plan, scope, receive, send)
+            return
         verdict = None if plan is None else await self._flow.check(plan, scope, place)
         if verdict is None:
             await self.app(scope, receive, send)
         elif verdict.status == 200:
             await self.app(scope, receive, with_headers(send, verdict.fields))
+        else:
+            await self._refuse(verdict, scope, receive, send)
+
+    async def _refuse(self, verdict: Verdict, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer a 429 or 503: the problem document, or what ``respond`` builds."""
+        if scope["type"] == "websocket":
+            await refuse_websocket(verdict, scope, send)
         elif self.respond is None:
             await send_problem(
                 send,
@@ -211,6 +287,36 @@ class RateLimitMiddleware:
             if inspect.isawaitable(answer):
                 answer = await answer
             await answer(scope, receive, send)
+
+    async def _in_flight(
+        self, plan: InFlightPlan, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """A request under an in-flight rule: its slot held from admission to the end of
+        its response (or of its WebSocket connection)."""
+        try:
+            verdict, lease = await plan.enter(scope)
+        except BackendUnavailable as exc:
+            verdict, lease = self._flow.unavailable(exc, plan.name, plan.names), None
+        if verdict is None:
+            await self.app(scope, receive, send)
+            return
+        if lease is None:
+            await self._refuse(verdict, scope, receive, send)
+            return
+        slot = Slot(lease)
+        fields = verdict.fields
+        start = "http.response.start" if scope["type"] == "http" else "websocket.accept"
+
+        def add_fields(message: Message) -> Message:
+            if message["type"] == start:
+                message = dict(message)
+                message["headers"] = [*message.get("headers", ()), *fields]
+            return message
+
+        try:
+            await self.app(scope, slot.receive(receive), slot.send(send, add_fields))
+        finally:
+            await slot.release()
 
     @property
     def on_unavailable(self) -> Literal["deny", "allow"] | Fallback:
