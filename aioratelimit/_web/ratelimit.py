@@ -91,10 +91,10 @@ class Rule:
         self.in_flight, self.in_flight_ttl, self.backend = in_flight, in_flight_ttl, backend
         self.cost = cost
         # Checked here, with a placeholder client, so a bad rule fails at once.
-        plan = self.plan(client_ip(), "default")
+        plan = self._plan(client_ip(), "default")
         self.cost = plan.cost if isinstance(plan, InFlightPlan) else plan._cost
 
-    def plan(self, client: ClientFunc, default_name: str) -> Plan | InFlightPlan:
+    def _plan(self, client: ClientFunc, default_name: str) -> Plan | InFlightPlan:
         """The rule's plan under the middleware's ``client`` and policy name: an
         ``InFlightPlan`` with ``in_flight``, else a ``Plan``."""
         client = self.client or client
@@ -152,7 +152,7 @@ class RuleBook:
         self._exempt = templates(exempt)
         fallback = policy_name or "default"
         self._rules: list[tuple[Rule, Plan | InFlightPlan]] = [
-            (rule, rule.plan(client, fallback)) for rule in rules
+            (rule, rule._plan(client, fallback)) for rule in rules
         ]
         self._default = (
             None if limiter is None else Plan(limiter, client, cost, policy_name, fallback)
@@ -208,7 +208,8 @@ class RateLimitMiddleware:
     count). ``breaker=Breaker(...)`` stops calling the backend for a cool-down after
     consecutive failures. ``shadow=True`` never refuses: the request
     passes, with ``X-RateLimit-Shadow: denied`` when the limit would have refused it.
-    WebSocket and lifespan scopes pass through untouched.
+    WebSocket and lifespan scopes pass through untouched, but for a rule with
+    ``in_flight=``: a WebSocket connection then holds a slot for its lifetime.
     """
 
     __slots__ = ("_book", "_flow", "app", "respond")
