@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -42,10 +43,31 @@ async def holders(plan: InFlightPlan, backend: arl.Backend, client: str = CLIENT
     return int(await backend._run(_scripts.SEMAPHORE_HOLDERS, keys, ()))
 
 
-async def until_holders(plan: InFlightPlan, backend: arl.Backend, want: int) -> None:
-    """Wait for the state (never for a time): ``want`` slots held."""
-    while await holders(plan, backend) != want:  # noqa: ASYNC110
+class Releases:
+    """An ``on_call`` hook counting the slot releases that went through: a slot that is
+    free because it was released, not because its TTL ran out."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, call: ScriptCall) -> None:
+        if call.script == "semaphore_release" and call.error is None:
+            self.count += 1
+
+
+def served_backend(url: str, releases: Releases) -> tuple[arl.Backend, arl.Backend]:
+    """A backend for the served app (a prefix of its own) and one for the test's loop."""
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    backend = arl.Backend.from_url(url, prefix=prefix, on_call=releases)
+    return backend, backend if url == "memory://" else arl.Backend.from_url(url, prefix=prefix)
+
+
+async def until_free(plan: InFlightPlan, checker: arl.Backend, releases: Releases) -> None:
+    """Wait for the state (never for a time): no slot held; then it was a release that
+    freed it (an expired TTL would free it too, had the release been forgotten)."""
+    while await holders(plan, checker, "ip:127.0.0.1") != 0:  # noqa: ASYNC110
         await asyncio.sleep(0.01)
+    assert releases.count == 1
 
 
 # -- the decision, on every backend ---------------------------------------------------------
@@ -274,12 +296,8 @@ def streaming_app() -> Any:
 
 
 async def test_a_client_that_walks_away_mid_stream_frees_its_slot(store_url: str) -> None:
-    backend = fresh_backend(store_url)
-    checker = (
-        backend
-        if store_url == "memory://"
-        else arl.Backend.from_url(store_url, prefix=backend.prefix)
-    )
+    releases = Releases()
+    backend, checker = served_backend(store_url, releases)
     limiter = arl.FixedWindow("10/minute", backend=backend)
     mw = RateLimitMiddleware(streaming_app(), rules=[Rule("GET", "/s", limiter, in_flight=1)])
     plan = plan_of(mw)
@@ -298,8 +316,7 @@ async def test_a_client_that_walks_away_mid_stream_frees_its_slot(store_url: str
                 assert head.headers["retry-after"] == "1"
                 await anext(chunks)
             # The client closed the connection mid-stream: the slot comes back.
-            while await holders(plan, checker, "ip:127.0.0.1") != 0:  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
+            await until_free(plan, checker, releases)
             async with client.stream("GET", "/s") as again:
                 assert again.status_code == 200
     finally:
@@ -330,3 +347,58 @@ def test_bad_in_flight_rules_are_refused_at_construction() -> None:
     for options in ({"shadow": True}, {"on_unavailable": arl.Fallback(0.5)}):
         with pytest.raises(ValueError, match="in_flight="):
             RateLimitMiddleware(app, rules=rules, **options)
+
+
+# -- the FastAPI dependency ------------------------------------------------------------------
+
+
+async def test_the_fastapi_dependency_holds_the_slot_to_the_end_of_the_stream(
+    store_url: str,
+) -> None:
+    """``Depends(InFlight(...))`` holds the slot until the streamed response has ended
+    (the client walked away), and adds the fields to an admitted response."""
+    from fastapi import Depends, FastAPI
+
+    from aioratelimit.fastapi import InFlight, add_problem_handler
+
+    releases = Releases()
+    backend, checker = served_backend(store_url, releases)
+    limit = InFlight(1, arl.FixedWindow("10/minute", backend=backend), policy_name="feed")
+    app = FastAPI()
+    add_problem_handler(app)
+
+    @app.get("/feed", dependencies=[Depends(limit)])
+    async def feed() -> StreamingResponse:
+        async def endless() -> AsyncIterator[bytes]:
+            while True:
+                yield b"tick\n"
+                await asyncio.sleep(0.01)
+
+        return StreamingResponse(endless(), media_type="text/plain")
+
+    @app.get("/one", dependencies=[Depends(InFlight(2, backend=backend))])
+    async def one() -> dict[str, bool]:
+        return {"ok": True}
+
+    try:
+        async with serving(app, backend) as client:
+            async with client.stream("GET", "/feed") as stream:
+                assert stream.status_code == 200
+                # (an endpoint's own Response takes no dependency's headers: FastAPI's rule)
+                chunks = stream.aiter_bytes()
+                await anext(chunks)
+                busy = await client.get("/feed")
+                assert busy.status_code == 429
+                assert busy.json()["violated-policies"] == ["feed-in-flight"]
+                await anext(chunks)
+                plan = limit._plans["GET /feed"]
+                assert await holders(plan, checker, "ip:127.0.0.1") == 1
+            await until_free(plan, checker, releases)
+            async with client.stream("GET", "/feed") as again:
+                assert again.status_code == 200
+            single = await client.get("/one")
+            assert single.headers["ratelimit-policy"] == '"default";q=2;qu="concurrent-requests"'
+            assert single.headers["ratelimit"] == '"default";r=1'
+    finally:
+        if checker is not backend:
+            await checker.aclose()
