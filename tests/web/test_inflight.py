@@ -402,3 +402,58 @@ async def test_the_fastapi_dependency_holds_the_slot_to_the_end_of_the_stream(
     finally:
         if checker is not backend:
             await checker.aclose()
+
+
+# -- the aiohttp middleware ------------------------------------------------------------------
+
+
+async def test_the_aiohttp_middleware_holds_the_slot_while_the_handler_runs(
+    store_url: str,
+) -> None:
+    """A streamed aiohttp response holds its slot while written; a second is refused; the
+    slot is given back (by a release) once the handler has returned."""
+    import aiohttp
+    from aiohttp import web
+
+    from aioratelimit.aiohttp import RateLimitMiddleware as AiohttpMiddleware
+    from aioratelimit.aiohttp import Rule as AiohttpRule
+
+    releases = Releases()
+    backend, checker = served_backend(store_url, releases)
+    done = asyncio.Event()
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(b"first\n")
+        await done.wait()
+        await response.write(b"last\n")
+        return response
+
+    limiter = arl.FixedWindow("5/minute", backend=backend)
+    middleware = AiohttpMiddleware(rules=[AiohttpRule("GET", "/s", limiter, in_flight=1)])
+    plan = middleware._book._rules[0][1]
+    assert isinstance(plan, InFlightPlan)
+    app = web.Application(middlewares=[middleware])
+    app.router.add_get("/s", stream)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        async with aiohttp.ClientSession(f"http://{host}:{port}") as client:
+            async with client.get("/s") as first:
+                assert first.status == 200
+                assert await first.content.readline() == b"first\n"
+                async with client.get("/s") as busy:
+                    assert busy.status == 429
+                    assert busy.headers["Retry-After"] == "1"
+                done.set()
+                assert await first.read() == b"last\n"
+            await until_free(plan, checker, releases)
+    finally:
+        await runner.cleanup()
+        await backend.aclose()
+        if checker is not backend:
+            await checker.aclose()
