@@ -22,9 +22,10 @@
 --   code 1: admitted, the slot is held (fence_or_wait_ms: its fence) and the hit counted;
 --   code 0: every slot is held (fence_or_wait_ms: ms until the soonest holder expires);
 --   code -1: a rate denies the hit; code 2: the token was seen already. Nothing is written
---   unless code is 1. free: the slots left free after the call. The last seven are
---   fixed_window.lua's reply for the binding rate (with no rate: {1, 0, 0, 0, 0, now_us,
---   cost}); when a slot is what is missing, remaining is before the hit, granted 0.
+--   unless code is 1. free: slots - holders after the call (< 0 when callers with more
+--   slots hold more). The last seven are fixed_window.lua's reply for the binding rate
+--   (with no rate: {1, 0, 0, 0, 0, now_us, cost}); when a slot is what is missing,
+--   remaining is before the hit, granted 0.
 -- Runs after rates_common.lua (binding_rate; first = 5) and semaphore_common.lua
 -- (server_clock, prune, expire_at_latest). Commands as fixed_window.lua's (PEXPIRETIME
 -- where the server has it, else PTTL).

@@ -212,7 +212,8 @@ class InFlightPlan:
                     _release_token(backend, names, token, self.ttl), backend.timeout
                 )
             raise
-        code, fence, free = int(reply[0]), int(reply[1]), int(reply[2])
+        # (free is below 0 where callers with more slots hold more: none is free here)
+        code, fence, free = int(reply[0]), int(reply[1]), max(int(reply[2]), 0)
         decision = Decision.from_reply(reply[3:10]) if self.limiter is not None else None
         if code == _ADMITTED:
             lease = Lease._create(backend, names, token, fence, self.ttl, sent)

@@ -113,6 +113,7 @@ _CREATES: dict[str, Callable[[Sequence[Arg]], int]] = {
     "lock_acquire": lambda args: 1,
     "lock_release": lambda args: 1,
     "semaphore_acquire": lambda args: 2,
+    "inflight_acquire": lambda args: 1 << 30,  # a slot's two keys and the rates' counters
     "semaphore_release": lambda args: 1,
     "token_issue": lambda args: 1,
     "idem_claim": lambda args: 1,
