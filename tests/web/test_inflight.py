@@ -12,14 +12,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from starlette.responses import StreamingResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from support.webserver import Server, fresh_backend, serving
 
 import aioratelimit as arl
 from aioratelimit import _scripts
 from aioratelimit._scripts import ScriptCall
 from aioratelimit._web.inflight import InFlightPlan
-from aioratelimit.asgi import RateLimitMiddleware, Rule, client_ip
+from aioratelimit.asgi import RateLimitMiddleware, Refusal, Rule, client_ip
 
 CLIENT = "ip:10.0.0.1"
 
@@ -259,6 +259,32 @@ async def test_a_rate_rule_still_lets_websockets_pass() -> None:
         sent, task = run(mw, scope_of("/ws", kind="websocket"), inbox)
         await task
         assert sent[0]["type"] == "websocket.accept"
+
+
+async def test_respond_shapes_an_in_flight_refusal() -> None:
+    """A ``respond=`` hook gets the refusal of a full set of slots: 429, ``Retry-After: 1``,
+    a decision whose limit is the slots, the in-flight policy item as the one violated."""
+    backend = arl.Backend.from_url("memory://")
+    app = Held()
+    seen: list[Refusal] = []
+
+    def respond(refusal: Refusal) -> Any:
+        seen.append(refusal)
+        return JSONResponse({"busy": True}, status_code=503, headers={"retry-after": "2"})
+
+    rules = [Rule("GET", "/s", in_flight=1, backend=backend, name="jobs")]
+    mw = RateLimitMiddleware(app, rules=rules, respond=respond)
+    _, task = run(mw, scope_of())
+    await app.started.wait()
+    sent, other = run(mw, scope_of())
+    await other
+    assert sent[0]["status"] == 503
+    (refusal,) = seen
+    assert (refusal.status, refusal.retry_after, refusal.violated_policies) == (429, 1, ("jobs",))
+    assert refusal.decision is not None
+    assert (refusal.decision.limit, refusal.decision.remaining) == (1, 0)
+    app.finish.set()
+    await task
 
 
 async def test_the_backend_down_answers_503_or_passes(own_redis: Any) -> None:
