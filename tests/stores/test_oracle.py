@@ -70,6 +70,7 @@ from aioratelimit._scripts import HELPERS, SCRIPTS, Arg, Reply, Script
 from aioratelimit._stores.memory.keyspace import Keyspace, expired
 from aioratelimit._stores.memory.locks import PRUNE_MAX
 from aioratelimit._stores.memory.store import MemoryStore, twins
+from aioratelimit._web.inflight import InFlightPlan
 
 #: 2026-01-01T00:00:00Z in µs: a realistic clock, so fences and TATs carry 16 digits as in
 #: production (Lua numbers are doubles; precision is part of what is compared).
@@ -239,6 +240,11 @@ def lock_names(name: str) -> tuple[str, str]:
 
 def semaphore_names(name: str) -> tuple[str, str, str]:
     return _keys.semaphore(head(_keys.SEMAPHORE_KIND), name)
+
+
+def inflight_names(key: str) -> tuple[str, str, str]:
+    """An in-flight rule's slots of ``key``, as the middleware's default rule names them."""
+    return _keys.in_flight(_keys.head(PREFIX, _keys.INFLIGHT_KIND, "default"), key)
 
 
 def token_key(digest: str) -> str:
@@ -583,7 +589,7 @@ def inflight_calls() -> st.SearchStrategy[Call]:
     limits that may differ between callers; the slots' releases, extensions and reads."""
     acquire, release, extend, holders = [], [], [], []
     for user in USERS:
-        zset, fences, channel = _keys.in_flight(head(_keys.INFLIGHT_KIND), user)
+        zset, fences, channel = inflight_names(user)
         keys = (zset, fences)
         holders.append(Call("semaphore_holders", (zset,), ()))
         for token, ms in product(INFLIGHT_TOKENS, TTLS_MS):
@@ -1000,12 +1006,13 @@ def test_the_machines_call_every_script() -> None:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(
     ("machine", "version"),
-    [(m, REDIS_VERSION) for m in MACHINES] + [(FixedWindows, REDIS_6_2)],
-    ids=[m.__name__ for m in MACHINES] + ["FixedWindows-6.2"],
+    [(m, REDIS_VERSION) for m in MACHINES] + [(FixedWindows, REDIS_6_2), (InFlight, REDIS_6_2)],
+    ids=[m.__name__ for m in MACHINES] + ["FixedWindows-6.2", "InFlight-6.2"],
 )
 def test_scripts_and_twins_agree(machine: type[Oracle], version: tuple[int, int]) -> None:
     """Each script and its twin give the same replies, keys, TTLs and publishes for any
-    history of calls on one frozen clock; fixed_window.lua also on its Redis 6.2 branch.
+    history of calls on one frozen clock; fixed_window.lua and inflight_acquire.lua also on
+    their Redis 6.2 branch.
     Under the full profile, the histories reach each script's listed branches."""
     loop = asyncio.new_event_loop()
     seen: Counter[tuple[str, int]] = Counter()
@@ -1270,6 +1277,19 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     expect("semaphore_release", [holders, fences], (token, 2, channel, "PUBLISH"))
     await _admin.semaphore_state(sem)
     expect("semaphore_list", [holders, fences], ())
+
+    limiter = arl.FixedWindow(limits[1], backend=backend)
+    plan = InFlightPlan(2, 0.0015, limiter, lambda scope: "u", 1, None, "d", None, None)
+    _, slot = await plan.enter({"type": "http"})
+    assert slot is not None
+    token = str(calls[-1][2][0])
+    await plan.holders("u")
+    await slot.release()
+    holders, fences, channel = inflight_names("u")
+    rated = [holders, fences, *fixed_keys("u", (R4,))]
+    expect("inflight_acquire", rated, (token, 2, 2, 1, *rate_args((R4,))))
+    expect("semaphore_holders", [holders], ())
+    expect("semaphore_release", [holders, fences], (token, 2, channel, "PUBLISH"))
 
     one_shot = await arl.issue_token(ttl=0.0025, subject="alice", backend=backend)
     await arl.consume_token(one_shot, "bob", backend=backend)
