@@ -163,6 +163,7 @@ LOCK_KIND = "lock"
 SEMAPHORE_KIND = "sem"
 LEADER_KIND = "leader"
 EVERY_KIND = "every"
+INFLIGHT_KIND = "inflight"
 PAUSE_KIND = "pause"
 LIST_KIND = "list"
 
@@ -231,6 +232,13 @@ def rwlock(rw_head: str, name: str) -> tuple[list[str], str]:
         tagged(rw_head, name, ":intent"),
     ]
     return keys, tagged(rw_head, name, ":wake")
+
+
+def in_flight(inflight_head: str, key: str) -> tuple[str, str, str]:
+    """An in-flight limit's slots of one client key: a semaphore's holders, fences and
+    wake-up channel (``semaphore``), under the same tag as that key's rate counters
+    (``tagged(limiter_head, key, ...)``), so one script decides both."""
+    return semaphore(inflight_head, key)
 
 
 # -- the deployment's secret ---------------------------------------------------------------

@@ -107,14 +107,14 @@ def _read(name: str) -> str:
 HELPERS = ("rates_common", "semaphore_common")
 
 
-def _load(name: str, *, after: str | None = None, repeatable: bool = False) -> Script:
-    """The script in ``lua/<name>.lua``; with ``after`` (one of ``HELPERS``), that file's
-    Lua first, in the same chunk (a Redis script cannot include another)."""
-    if after is None:
-        return script(name, _read(name), repeatable=repeatable)
-    if after not in HELPERS:
-        raise ValueError(f"{after}.lua is not a helper file")
-    return script(name, _read(after) + _read(name), repeatable=repeatable)
+def _load(name: str, *, after: str | tuple[str, ...] = (), repeatable: bool = False) -> Script:
+    """The script in ``lua/<name>.lua``; with ``after`` (one or several of ``HELPERS``),
+    those files' Lua first, in the same chunk (a Redis script cannot include another)."""
+    helpers = (after,) if isinstance(after, str) else after
+    for helper in helpers:
+        if helper not in HELPERS:
+            raise ValueError(f"{helper}.lua is not a helper file")
+    return script(name, "".join(map(_read, (*helpers, name))), repeatable=repeatable)
 
 
 #: ``{allowed, limit, remaining, reset_after_us, retry_after_us, now_us, granted}``: read
@@ -256,6 +256,9 @@ RWLOCK_STATE = _load("rwlock_state")
 FAIR_ACQUIRE = _load("fair_acquire")
 FAIR_RELEASE = _load("fair_release", repeatable=True)
 FAIR_STATE = _load("fair_state")  # {held 1/0, fence, pttl_ms, waiters}; reads only
+#: ``{code, fence or wait_ms, free, <fixed_window's reply>}``: an in-flight slot and the
+#: rates' hit, all-or-nothing (``_web.inflight``); its slot is a semaphore's
+INFLIGHT_ACQUIRE = _load("inflight_acquire", after=("rates_common", "semaphore_common"))
 
 # What an operator reads and forces (``aioratelimit inspect``, ``reset --force``, ``doctor``).
 LOCK_HOLDER = _load("lock_holder")  # {held 1/0, fence, pttl_ms}; reads only

@@ -28,7 +28,7 @@ exactly what ``aioratelimit.asgi`` middleware sends.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Literal
 
 from fastapi import Request, Response
@@ -64,6 +64,7 @@ from ._web.clients import (
 )
 from ._web.flow import RateLimitFlow, Verdict
 from ._web.idempotency_dependency import IdempotencyKey, IdempotentRequest
+from ._web.inflight import InFlightPlan, Slot, check_in_flight_options
 from ._web.metering import (
     METER,
     CostFunc,
@@ -89,6 +90,7 @@ __all__ = [
     "CostFunc",
     "IdempotencyKey",
     "IdempotentRequest",
+    "InFlight",
     "LimiterFunc",
     "Message",
     "ProblemException",
@@ -233,6 +235,101 @@ class RateLimit:
 
     def __repr__(self) -> str:
         return f"<RateLimit {self.plan!r} on_unavailable={self.on_unavailable!r}>"
+
+
+#: The most routes one ``InFlight`` dependency keeps a plan for (each route its own slots).
+_MAX_PLACES = 1024
+
+
+class InFlight:
+    """``Depends(InFlight(2, arl.FixedWindow("100/minute")))``: at most ``slots`` requests
+    of one client at once on the endpoint, and (with a ``limiter``) its rate, decided in one
+    script call: the hit counts only if a slot is free, the slot is taken only if the rate
+    admits the hit. The middleware's ``Rule(..., in_flight=)`` as a dependency.
+
+    The slot is held from the dependency until the response has been sent (FastAPI runs a
+    ``yield`` dependency's exit then, a streamed response's end included), renewed every
+    ``ttl`` / 3 seconds meanwhile, and given back when the request ends however it ends.
+    ``limiter`` is a ``FixedWindow`` of plain rates without options of its own; without one
+    the dependency limits concurrency alone, on ``backend`` (default: the configured one).
+    The slots and an unnamed limiter count per route, as ``RateLimit``'s do.
+
+    Admitted: the response gets ``RateLimit-Policy`` and ``RateLimit`` (the rate's items,
+    then ``"<policy>-in-flight"`` with ``qu="concurrent-requests"``) and the value is the
+    rate's ``Decision`` (``None`` without a limiter). Refused: ``ProblemException`` 429,
+    ``Retry-After: 1`` for a full set of slots. Backend unreachable: 503, or with
+    ``on_unavailable="allow"`` the endpoint runs unlimited.
+    """
+
+    __slots__ = ("_flow", "_plans", "_settings")
+
+    def __init__(
+        self,
+        slots: int,
+        limiter: Limiter | None = None,
+        *,
+        client: ClientFunc | None = None,
+        cost: int = 1,
+        ttl: float = 30.0,
+        policy_name: str | None = None,
+        backend: Backend | None = None,
+        unavailable_retry_after: float = UNAVAILABLE_RETRY_AFTER,
+        on_unavailable: Literal["deny", "allow"] = "deny",
+    ) -> None:
+        check_in_flight_options(True, on_unavailable, None, False)
+        client = check_client_func(client, "client") or client_ip()
+        settings = (slots, ttl, limiter, client, cost, policy_name, "default")
+        # Checked here, with a placeholder route, so a bad dependency fails at once.
+        InFlightPlan(*settings, "-", backend)
+        self._settings = (settings, backend)
+        self._plans: dict[str | None, InFlightPlan] = {}
+        self._flow = RateLimitFlow(
+            "InFlight dependency",
+            on_unavailable=on_unavailable,
+            breaker=None,
+            shadow=False,
+            legacy_headers=False,
+            unavailable_retry_after=unavailable_retry_after,
+        )
+
+    def _plan(self, place: str | None) -> InFlightPlan:
+        plan = self._plans.get(place)
+        if plan is None:
+            if len(self._plans) >= _MAX_PLACES:
+                self._plans.clear()
+            settings, backend = self._settings
+            plan = self._plans[place] = InFlightPlan(*settings, place, backend)
+        return plan
+
+    async def __call__(
+        self, request: Request, response: Response
+    ) -> AsyncIterator[Decision | None]:
+        scope = request.scope
+        plan = self._plan(route_place(scope))
+        try:
+            verdict, lease = await plan.enter(scope)
+        except BackendUnavailable as exc:
+            verdict, lease = self._flow.unavailable(exc, plan.name, plan.names), None
+        if verdict is None:
+            yield None
+            return
+        if lease is None:
+            fields = {k.decode(): v.decode() for k, v in verdict.fields}
+            kind = problem_kind(verdict.status)
+            raise ProblemException(
+                verdict.status, verdict.detail, fields, kind=kind, violated=verdict.violated
+            )
+        slot = Slot(lease)
+        try:
+            for k, v in verdict.fields:
+                response.headers.append(k.decode(), v.decode())
+            yield verdict.decision
+        finally:
+            await slot.release()
+
+    def __repr__(self) -> str:
+        settings = self._settings[0]
+        return f"<InFlight slots={settings[0]} limiter={settings[2]!r} routes={len(self._plans)}>"
 
 
 class ConsumeToken:

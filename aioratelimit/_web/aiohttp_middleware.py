@@ -20,6 +20,7 @@ from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 
 from .._backend import Backend
+from .._errors import BackendUnavailable
 from .._idempotency.store import Claimed, Replay
 from .._limits.failure import Breaker, Fallback
 from .._limits.limiter import Limiter
@@ -28,6 +29,7 @@ from .answers import PROBLEM_JSON, UNAVAILABLE_RETRY_AFTER, Refusal, check_respo
 from .clients import ClientFunc, header_values
 from .flow import RateLimitFlow, Verdict
 from .idempotency_flow import STORED, FingerprintFunc, KeyFlow, Problem
+from .inflight import InFlightPlan, Slot, check_in_flight_options
 from .plans import LimiterFunc
 from .ratelimit import Rule, RuleBook
 from .records import decode_response, encode_response
@@ -126,6 +128,7 @@ class RateLimitMiddleware:
                 " middleware (aioratelimit.asgi); the aiohttp middleware does not do it"
             )
         self._book = RuleBook(limiter, client, rules, exempt, policy_name, cost, None, lists)
+        check_in_flight_options(self._book.in_flight, on_unavailable, breaker, shadow)
         self._flow = RateLimitFlow(
             "aiohttp RateLimitMiddleware",
             on_unavailable=on_unavailable,
@@ -139,11 +142,38 @@ class RateLimitMiddleware:
     async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         scope = scope_of(request)
         plan, place = self._book.plan(request.method, request.path)
+        if isinstance(plan, InFlightPlan):
+            return await self._in_flight(plan, scope, request, handler)
         verdict = None if plan is None else await self._flow.check(plan, scope, place)
         if verdict is None:
             return await handler(request)
         if verdict.status != 200:
             return await self._refuse(verdict, scope)
+        return await self._admitted(verdict, request, handler)
+
+    async def _in_flight(
+        self, plan: InFlightPlan, scope: Scope, request: web.Request, handler: Handler
+    ) -> web.StreamResponse:
+        """A request under an in-flight rule: its slot held while the handler runs (a
+        streamed response is written inside it), given back when it returns, raises or
+        is cancelled."""
+        try:
+            verdict, lease = await plan.enter(scope)
+        except BackendUnavailable as exc:
+            verdict, lease = self._flow.unavailable(exc, plan.name, plan.names), None
+        if verdict is None:
+            return await handler(request)
+        if lease is None:
+            return await self._refuse(verdict, scope)
+        slot = Slot(lease)
+        try:
+            return await self._admitted(verdict, request, handler)
+        finally:
+            await slot.release()
+
+    async def _admitted(
+        self, verdict: Verdict, request: web.Request, handler: Handler
+    ) -> web.StreamResponse:
         fields = _text(verdict.fields)
         try:
             response = await handler(request)

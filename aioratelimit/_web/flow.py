@@ -197,6 +197,19 @@ class RateLimitFlow:
             return Verdict(200, [_SHADOW_LISTED], None)
         return Verdict(403, [], None, LISTED_DETAIL, pick.policy.name)
 
+    def unavailable(
+        self, exc: BackendUnavailable, name: str, names: tuple[str, ...]
+    ) -> Verdict | None:
+        """The verdict when the backend is unavailable: None with ``"allow"`` (the request
+        passes unlimited), else a 503 naming every policy item of the request's: the quota
+        is down to nothing while the backend is away (temporary-reduced-capacity)."""
+        allow = self.on_unavailable == "allow"
+        self._outage(exc, allow)
+        if allow:
+            return None
+        detail = unavailable_detail("rate limit")
+        return Verdict(503, [self._retry_unavailable], None, detail, name, names)
+
     async def check(self, plan: Plan, scope: Scope, place: str | None = None) -> Verdict | None:
         """The verdict on a request under ``plan``, declared at ``place`` (a rule's or a
         route's text; None: one count for every route); None: not limited, the app runs as
@@ -232,16 +245,7 @@ class RateLimitFlow:
                 guard = table.get(limiter) or self._guard(limiter, options, reserving)
                 decision = await guard.decide(client, pick.cost, _HIT)
         except BackendUnavailable as exc:
-            allow = self.on_unavailable == "allow"
-            self._outage(exc, allow)
-            if allow:
-                return None
-            # The quota is down to nothing while the backend is away: every policy item of
-            # the request's is the one its temporary-reduced-capacity 503 names.
-            policy = pick.policy
-            detail = unavailable_detail("rate limit")
-            fields = [self._retry_unavailable]
-            return Verdict(503, fields, None, detail, policy.name, policy.names)
+            return self.unavailable(exc, pick.policy.name, pick.policy.names)
         finally:
             if token is not None:
                 _taken.reset(token)

@@ -9,6 +9,8 @@ import inspect
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
+from .._backend import Backend
+from .._errors import BackendUnavailable
 from .._limits.failure import Breaker, Fallback
 from .._limits.limiter import Limiter
 from .._limits.lists import AccessList, check_lists
@@ -21,11 +23,12 @@ from .answers import (
     with_headers,
 )
 from .clients import ClientFunc, check_client_func, client_ip
-from .flow import RateLimitFlow
+from .flow import RateLimitFlow, Verdict
+from .inflight import InFlightPlan, Slot, check_in_flight_options, refuse_websocket
 from .metering import CostFunc, check_cost_func, meter_of, owned
 from .plans import LimiterFunc, Plan
 from .routes import Template, matches_any, methods_of, route_path, templates
-from .types import ASGIApp, Receive, Scope, Send
+from .types import ASGIApp, Message, Receive, Scope, Send
 
 
 class Rule:
@@ -45,12 +48,25 @@ class Rule:
     the request is admitted on, settled to what ``cost_from`` answers once the response
     has been sent (see ``RateLimitMiddleware``).
     ``lists`` (default: the middleware's) is the ``AccessList`` its clients are looked up on.
+
+    ``in_flight=n``: at most ``n`` requests of one client on this route at once (a
+    WebSocket connection counts for its lifetime). Each holds a slot until its response
+    ends, the client goes away or its task is cancelled; a slot is renewed every
+    ``in_flight_ttl`` / 3 seconds while it is held, and a crashed holder's expires after
+    ``in_flight_ttl``. With a ``limiter`` (a ``FixedWindow`` of plain rates, without
+    options of its own) the slot and the rate are decided in one call: the hit counts
+    only if a slot is free, the slot is taken only if the rate admits the hit. Without one
+    the rule limits concurrency alone, on ``backend`` (default: the configured backend).
+    (An in-flight rule takes neither ``cost_from`` nor ``lists`` yet.)
     """
 
     __slots__ = (
+        "backend",
         "client",
         "cost",
         "cost_from",
+        "in_flight",
+        "in_flight_ttl",
         "limiter",
         "lists",
         "methods",
@@ -63,13 +79,16 @@ class Rule:
         self,
         method: str | Iterable[str],
         path: str,
-        limiter: Limiter | LimiterFunc,
+        limiter: Limiter | LimiterFunc | None = None,
         *,
         client: ClientFunc | None = None,
         cost: int = 1,
         name: str | None = None,
         cost_from: CostFunc | None = None,
         lists: AccessList | None = None,
+        in_flight: int | None = None,
+        in_flight_ttl: float = 30.0,
+        backend: Backend | None = None,
     ) -> None:
         methods = methods_of(method)
         self.lists = check_lists(lists, "lists")
@@ -82,8 +101,45 @@ class Rule:
         self.name = name
         self.limiter = limiter
         self.cost_from = check_cost_func(cost_from)
-        # Checked here, with its own name and a placeholder client, so a bad rule fails at once.
-        self.cost = Plan(limiter, client_ip(), cost, name, "default")._cost
+        self.in_flight, self.in_flight_ttl, self.backend = in_flight, in_flight_ttl, backend
+        if in_flight is not None and (cost_from is not None or lists is not None):
+            raise ValueError("a Rule with in_flight= takes neither cost_from= nor lists= (yet)")
+        self.cost = cost
+        # Checked here, with a placeholder client, so a bad rule fails at once.
+        plan = self._plan(client_ip(), "default")
+        self.cost = plan.cost if isinstance(plan, InFlightPlan) else plan._cost
+
+    def _plan(
+        self, client: ClientFunc, default_name: str, lists: AccessList | None = None
+    ) -> Plan | InFlightPlan:
+        """The rule's plan under the middleware's ``client``, policy name and access list:
+        an ``InFlightPlan`` with ``in_flight``, else a ``Plan``."""
+        client = self.client or client
+        if self.in_flight is not None:
+            return InFlightPlan(
+                self.in_flight,
+                self.in_flight_ttl,
+                self.limiter,
+                client,
+                self.cost,
+                self.name,
+                default_name,
+                self.place,
+                self.backend,
+            )
+        if self.limiter is None:
+            raise TypeError("a Rule needs a limiter, in_flight=, or both")
+        if self.backend is not None:
+            raise ValueError("backend= goes with in_flight= (a limiter has its own backend)")
+        return Plan(
+            self.limiter,
+            client,
+            self.cost,
+            self.name,
+            default_name,
+            self.cost_from,
+            lists=self.lists or lists,
+        )
 
     def matches(self, method: str, path: str) -> bool:
         return (self.methods is None or method in self.methods) and (
@@ -123,20 +179,8 @@ class RuleBook:
             raise ValueError("a rate-limit middleware needs a limiter, rules, or both")
         self._exempt = templates(exempt)
         fallback = policy_name or "default"
-        self._rules = [
-            (
-                rule,
-                Plan(
-                    rule.limiter,
-                    rule.client or client,
-                    rule.cost,
-                    rule.name,
-                    fallback,
-                    rule.cost_from,
-                    lists=rule.lists or lists,
-                ),
-            )
-            for rule in rules
+        self._rules: list[tuple[Rule, Plan | InFlightPlan]] = [
+            (rule, rule._plan(client, fallback, lists)) for rule in rules
         ]
         self._default = (
             None
@@ -144,7 +188,12 @@ class RuleBook:
             else Plan(limiter, client, cost, policy_name, fallback, cost_from, lists=lists)
         )
 
-    def plan(self, method: str, path: str) -> tuple[Plan | None, str | None]:
+    @property
+    def in_flight(self) -> bool:
+        """Whether a rule has an in-flight limit."""
+        return any(isinstance(plan, InFlightPlan) for _, plan in self._rules)
+
+    def plan(self, method: str, path: str) -> tuple[Plan | InFlightPlan | None, str | None]:
         """The request's plan (None: not limited) and where it was declared (a rule's
         place; None for the default, one count across every route)."""
         if matches_any(self._exempt, path):
@@ -189,7 +238,8 @@ class RateLimitMiddleware:
     count). ``breaker=Breaker(...)`` stops calling the backend for a cool-down after
     consecutive failures. ``shadow=True`` never refuses: the request
     passes, with ``X-RateLimit-Shadow: denied`` when the limit would have refused it.
-    WebSocket and lifespan scopes pass through untouched.
+    WebSocket and lifespan scopes pass through untouched, but for a rule with
+    ``in_flight=``: a WebSocket connection then holds a slot for its lifetime.
 
     ``cost_from`` (the default limiter's; a rule has its own) counts a request by its
     response: it is admitted on ``cost``, an estimate (``limiter.reserve``), and once the
@@ -229,6 +279,7 @@ class RateLimitMiddleware:
     ) -> None:
         self.app = app
         self._book = RuleBook(limiter, client, rules, exempt, policy_name, cost, cost_from, lists)
+        check_in_flight_options(self._book.in_flight, on_unavailable, breaker, shadow)
         self._flow = RateLimitFlow(
             "RateLimitMiddleware",
             on_unavailable=on_unavailable,
@@ -240,10 +291,23 @@ class RateLimitMiddleware:
         self.respond = check_respond(respond)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        kind = scope["type"]
+        if kind == "websocket":
+            # A WebSocket handshake is a GET; only an in-flight rule holds one (for the
+            # connection's lifetime): a rate limit lets WebSockets pass, as it always has.
+            plan, _ = self._book.plan("GET", route_path(scope))
+            if isinstance(plan, InFlightPlan):
+                await self._in_flight(plan, scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
+            return
+        if kind != "http":
             await self.app(scope, receive, send)
             return
         plan, place = self._book.plan(scope["method"], route_path(scope))
+        if isinstance(plan, InFlightPlan):
+            await self._in_flight(plan, scope, receive, send)
+            return
         verdict = None if plan is None else await self._flow.check(plan, scope, place)
         if verdict is None:
             await self.app(scope, receive, send)
@@ -260,6 +324,13 @@ class RateLimitMiddleware:
                 await owned(meter, self.app, scope, receive, send)
             else:  # an outer middleware watches the response and settles
                 await self.app(scope, receive, send)
+        else:
+            await self._refuse(verdict, scope, receive, send)
+
+    async def _refuse(self, verdict: Verdict, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer a 429 or 503: the problem document, or what ``respond`` builds."""
+        if scope["type"] == "websocket":
+            await refuse_websocket(verdict, scope, send)
         elif self.respond is None:
             await send_problem(
                 send,
@@ -274,6 +345,36 @@ class RateLimitMiddleware:
             if inspect.isawaitable(answer):
                 answer = await answer
             await answer(scope, receive, send)
+
+    async def _in_flight(
+        self, plan: InFlightPlan, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """A request under an in-flight rule: its slot held from admission to the end of
+        its response (or of its WebSocket connection)."""
+        try:
+            verdict, lease = await plan.enter(scope)
+        except BackendUnavailable as exc:
+            verdict, lease = self._flow.unavailable(exc, plan.name, plan.names), None
+        if verdict is None:
+            await self.app(scope, receive, send)
+            return
+        if lease is None:
+            await self._refuse(verdict, scope, receive, send)
+            return
+        slot = Slot(lease)
+        fields = verdict.fields
+        start = "http.response.start" if scope["type"] == "http" else "websocket.accept"
+
+        def add_fields(message: Message) -> Message:
+            if message["type"] == start:
+                message = dict(message)
+                message["headers"] = [*message.get("headers", ()), *fields]
+            return message
+
+        try:
+            await self.app(scope, slot.receive(receive), slot.send(send, add_fields))
+        finally:
+            await slot.release()
 
     @property
     def on_unavailable(self) -> Literal["deny", "allow"] | Fallback:

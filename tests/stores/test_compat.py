@@ -76,7 +76,8 @@ REDIS_6_2_OPTIONS = {
 }
 #: Commands newer than 6.2 a script may call, and why that is safe there.
 NEWER = {
-    "PEXPIRETIME": "fixed_window*.lua, only where redis.REDIS_VERSION_NUM is set (7.0+)",
+    "PEXPIRETIME": "fixed_window*.lua and inflight_acquire.lua, only where"
+    " redis.REDIS_VERSION_NUM is set (7.0+)",
     "SPUBLISH": "passed in by the cluster store only: a cluster needs 7.0 (checked)",
 }
 #: What a script publishes with, passed as an argument (``Store.publish_command``).
@@ -91,11 +92,14 @@ def test_scripts_call_only_commands_redis_6_2_has() -> None:
     assert options() <= REDIS_6_2_OPTIONS
 
 
-@pytest.mark.parametrize("name", ["fixed_window.lua", "fixed_window_refund.lua"])
+WINDOW_ENDS = ["fixed_window.lua", "fixed_window_refund.lua", "inflight_acquire.lua"]
+
+
+@pytest.mark.parametrize("name", WINDOW_ENDS)
 def test_pexpiretime_is_called_only_where_the_server_has_it(name: str) -> None:
-    """PEXPIRETIME (7.0) appears in the fixed window's scripts only, inside their
-    ``if redis.REDIS_VERSION_NUM`` branch, and the other branch reads PTTL (6.2)."""
-    assert called()["PEXPIRETIME"] == {"fixed_window.lua", "fixed_window_refund.lua"}
+    """PEXPIRETIME (7.0) appears in the scripts that read a fixed window's end only, inside
+    their ``if redis.REDIS_VERSION_NUM`` branch, and the other branch reads PTTL (6.2)."""
+    assert called()["PEXPIRETIME"] == set(WINDOW_ENDS)
     text = sources()[name]
     branch = re.search(r"\nif redis\.REDIS_VERSION_NUM then\n(.*?)\nelse\n(.*?)\nend\n", text, re.S)
     assert branch is not None

@@ -73,6 +73,7 @@ from aioratelimit._scripts import HELPERS, PREAMBLES, SCRIPTS, Arg, Reply, Scrip
 from aioratelimit._stores.memory.keyspace import Keyspace, expired
 from aioratelimit._stores.memory.locks import PRUNE_MAX
 from aioratelimit._stores.memory.store import MemoryStore, twins
+from aioratelimit._web.inflight import InFlightPlan
 
 #: 2026-01-01T00:00:00Z in µs: a realistic clock, so fences and TATs carry 16 digits as in
 #: production (Lua numbers are doubles; precision is part of what is compared).
@@ -264,6 +265,11 @@ def fair_names(name: str) -> tuple[list[str], str]:
     return _keys.fair(head(_keys.FAIR_KIND), name)
 
 
+def inflight_names(key: str) -> tuple[str, str, str]:
+    """An in-flight rule's slots of ``key``, as the middleware's default rule names them."""
+    return _keys.in_flight(_keys.head(PREFIX, _keys.INFLIGHT_KIND, "default"), key)
+
+
 def token_key(digest: str) -> str:
     return _keys.token(head(_keys.TOKEN_KIND), digest)
 
@@ -311,6 +317,7 @@ TYPES.update({"leader": b"string", "every": b"string"})
 TYPES.update({"rw": b"zset", "rw-fence": b"hash", "fair": b"string", "fair-queue": b"zset"})
 TYPES["pol"] = b"hash"  # a policy store's named policies and overrides
 TYPES["list"] = b"hash"
+TYPES.update({"inflight": b"zset"})
 
 
 def key_type(key: str) -> bytes:
@@ -321,6 +328,8 @@ def key_type(key: str) -> bytes:
         return b"string"
     if key.endswith("}:stamp"):  # a policy limiter's stamp (``_keys.policy_suffixes``)
         return b"string"
+    if kind == "inflight" and key.endswith(":fence"):  # (an in-flight rule's slots)
+        return TYPES["sem-fence"]
     if kind in ("sem", "rw") and key.endswith(":fence"):
         return TYPES[f"{kind}-fence"]
     if kind == "fair" and key.endswith(("}:queue", "}:beat")):
@@ -693,6 +702,33 @@ def fair_calls() -> st.SearchStrategy[Call]:
     return weighted((acquire, 4), (release, 2), (extend, 1), (state, 1))
 
 
+#: plain rates only: an in-flight rule's rate is a FixedWindow without a calendar quota
+INFLIGHT_RATES: tuple[Rates, ...] = ((), (R1,), (R4,), (R3, R4), (R2, R5, R6))
+#: fresh tokens for the in-flight acquires (a token is never sent twice; a few repeats
+#: still reach the "seen already" branch)
+INFLIGHT_TOKENS = (*TOKENS, "CCCCCCCCCCCCCCCCCCCCCC", "dddddddddddddddddddddd")
+
+
+def inflight_calls() -> st.SearchStrategy[Call]:
+    """In-flight acquires (a slot and the rates' hit, all-or-nothing) of two clients under
+    limits that may differ between callers; the slots' releases, extensions and reads."""
+    acquire, release, extend, holders = [], [], [], []
+    for user in USERS:
+        zset, fences, channel = inflight_names(user)
+        keys = (zset, fences)
+        holders.append(Call("semaphore_holders", (zset,), ()))
+        for token, ms in product(INFLIGHT_TOKENS, TTLS_MS):
+            extend.append(Call("semaphore_extend", keys, (token, ms)))
+            release += [Call("semaphore_release", keys, (token, ms, channel, p)) for p in PUBLISH]
+        for rates, token, ms, slots in product(INFLIGHT_RATES, INFLIGHT_TOKENS, TTLS_MS, (1, 2)):
+            full = (*keys, *fixed_keys(user, rates))
+            for cost in costs(rates) if rates else [1]:
+                acquire.append(
+                    Call("inflight_acquire", full, (token, ms, slots, cost, *rate_args(rates)))
+                )
+    return weighted((acquire, 3), (release, 3), (extend, 1), (holders, 1))
+
+
 def token_calls() -> st.SearchStrategy[Call]:
     """One-shot tokens issued (again), consumed, and presented by the wrong subject."""
     issue, consume = [], []
@@ -930,6 +966,8 @@ class Oracle(RuleBasedStateMachine):
             return
         if name.removesuffix("_policy") in ("fixed_window", "sliding_window", "token_bucket"):
             ahead = [reply[3], reply[4]]  # reset_after_us, retry_after_us
+        elif name == "inflight_acquire":
+            ahead = [reply[6], reply[7]]  # the binding rate's reset_after_us, retry_after_us
         elif name == "limiter_block":
             ahead = [reply[0]]  # the block's end
         elif name == "list_read":
@@ -1138,6 +1176,22 @@ class FairLocks(Oracle):
         self.call(call)
 
 
+class InFlight(Oracle):
+    """In-flight slots taken with a fixed-window hit (or alone), released, extended."""
+
+    branches: ClassVar[dict[str, set[int]]] = {
+        "inflight_acquire": {-1, 0, 1, 2},
+        "semaphore_release": {0, 1, 2},
+        "semaphore_extend": {0, 1},
+        "semaphore_holders": {0, 1},
+    }
+
+    @rule(move=MOVES, call=inflight_calls())
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
 class OneShotTokens(Oracle):
     """One-shot tokens: ``issue_token`` and ``consume_token``."""
 
@@ -1243,6 +1297,7 @@ MACHINES = [
     Semaphores,
     ReadWriteLocks,
     FairLocks,
+    InFlight,
     OneShotTokens,
     Idempotency,
     PolicyLimiters,
@@ -1259,6 +1314,7 @@ EXAMPLES = {machine: 15 for machine in MACHINES} | {
     Locks: 20,
     ReadWriteLocks: 20,
     FairLocks: 20,
+    InFlight: 20,
     Idempotency: 30,
     OneShotTokens: 10,
     PolicyLimiters: 30,
@@ -1284,12 +1340,13 @@ def test_the_machines_call_every_script() -> None:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(
     ("machine", "version"),
-    [(m, REDIS_VERSION) for m in MACHINES] + [(FixedWindows, REDIS_6_2)],
-    ids=[m.__name__ for m in MACHINES] + ["FixedWindows-6.2"],
+    [(m, REDIS_VERSION) for m in MACHINES] + [(FixedWindows, REDIS_6_2), (InFlight, REDIS_6_2)],
+    ids=[m.__name__ for m in MACHINES] + ["FixedWindows-6.2", "InFlight-6.2"],
 )
 def test_scripts_and_twins_agree(machine: type[Oracle], version: tuple[int, int]) -> None:
     """Each script and its twin give the same replies, keys, TTLs and publishes for any
-    history of calls on one frozen clock; fixed_window.lua also on its Redis 6.2 branch.
+    history of calls on one frozen clock; fixed_window.lua and inflight_acquire.lua also on
+    their Redis 6.2 branch.
     Under the full profile, the histories reach each script's listed branches."""
     loop = asyncio.new_event_loop()
     seen: Counter[tuple[str, int]] = Counter()
@@ -1636,6 +1693,19 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     expect("fair_release", names, (token, 5, channel, "PUBLISH"))
     expect("fair_state", names, ())
     assert _rwlock.INTENT_TTL == 3.0  # (a waiting writer's intent in the oracle: 3000 ms)
+
+    limiter = arl.FixedWindow(limits[1], backend=backend)
+    plan = InFlightPlan(2, 0.0015, limiter, lambda scope: "u", 1, None, "d", None, None)
+    _, slot = await plan.enter({"type": "http"})
+    assert slot is not None
+    token = str(calls[-1][2][0])
+    await plan.holders("u")
+    await slot.release()
+    holders, fences, channel = inflight_names("u")
+    rated = [holders, fences, *fixed_keys("u", (R4,))]
+    expect("inflight_acquire", rated, (token, 2, 2, 1, *rate_args((R4,))))
+    expect("semaphore_holders", [holders], ())
+    expect("semaphore_release", [holders, fences], (token, 2, channel, "PUBLISH"))
 
     one_shot = await arl.issue_token(ttl=0.0025, subject="alice", backend=backend)
     await arl.consume_token(one_shot, "bob", backend=backend)

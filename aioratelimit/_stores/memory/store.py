@@ -2,10 +2,10 @@
 
 ``MemoryStore.run(script, keys, args)`` answers exactly what a Redis store answers for the
 same script, keys and arguments, given the same clock reading. The twins live in the
-modules beside this one (``ratelimit``, ``penalties``, ``locks``, ``idempotency`` and
-``server``), one function per file of ``lua/``, named like it; the dispatch is derived
-from those names, and ``tests/stores/test_oracle.py`` runs the real Lua (fakeredis with lupa)
-against every twin.
+modules beside this one (``ratelimit``, ``penalties``, ``locks``, ``inflight``,
+``idempotency`` and ``server``), one function per file of ``lua/``, named like it; the
+dispatch is derived from those names, and ``tests/stores/test_oracle.py`` runs the real
+Lua (fakeredis with lupa) against every twin.
 
 Keys expire by Redis's rule (``keyspace``); expired keys are dropped when touched and by an
 incremental sweep (a few dozen keys at most per call), so memory follows the keys that are
@@ -33,6 +33,9 @@ from . import (
 )
 from . import (
     idempotency as memory_idempotency,
+)
+from . import (
+    inflight as memory_inflight,
 )
 from . import (
     leader as memory_leader,
@@ -72,6 +75,7 @@ TWIN_MODULES: tuple[ModuleType, ...] = (
     memory_leader,
     memory_rwlock,
     memory_fair,
+    memory_inflight,
     memory_idempotency,
     memory_server,
 )
@@ -131,6 +135,7 @@ _CREATES: dict[str, Callable[[Sequence[Arg]], int]] = {
     "leader_claim": lambda args: 1,
     "every_claim": lambda args: 1,
     "semaphore_acquire": lambda args: 2,
+    "inflight_acquire": lambda args: 1 << 30,  # a slot's two keys and the rates' counters
     "semaphore_release": lambda args: 1,
     "rwlock_acquire": lambda args: 3,
     "rwlock_release": lambda args: 1,
