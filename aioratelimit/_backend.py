@@ -129,8 +129,10 @@ class Backend:
         """Wait until every call this backend runs in the background has ended (each
         ``Reservation.settle`` so far, and those they started meanwhile); ``aclose`` does
         first. A failed one was logged and reported already: nothing is raised here."""
-        while self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Waits on the tasks not done yet: a task done whose discard has not run yet (its
+        # callbacks come a loop step later) must not make this loop spin without yielding.
+        while pending := [task for task in self._tasks if not task.done()]:
+            await asyncio.wait(pending)
 
     @classmethod
     def _of(

@@ -640,7 +640,7 @@ INTERVALS_US = (10_000, 25_003, 1_000_003, 30_000_000)
 def leader_calls() -> st.SearchStrategy[Call]:
     """Claims by candidates of several identities (and the same claim sent again), the
     lock scripts' renewals and resignations of a term, reads, and interval claims."""
-    claim, renew, resign, state = [], [], [], []
+    claim, renew, resign, state, every = [], [], [], [], []
     for name in LOCK_NAMES:
         key, channel = leader_names(name)
         state.append(Call("leader_state", (key,), ()))
@@ -651,8 +651,10 @@ def leader_calls() -> st.SearchStrategy[Call]:
             ]
             renew.append(Call("lock_extend", (key,), (token, ms)))
             resign.append(Call("lock_release", (key,), (token, ms, channel, "PUBLISH")))
-        state += [Call("every_claim", (every_key(name),), (us,)) for us in INTERVALS_US]
-    return weighted((claim, 3), (resign, 2), (renew, 2), (state, 2))
+        every += [Call("every_claim", (every_key(name),), (us,)) for us in INTERVALS_US]
+    # (reads in a group of their own: among the interval claims they were too rare to
+    # reach every answer under the full profile)
+    return weighted((claim, 3), (resign, 2), (renew, 2), (state, 1), (every, 1))
 
 
 def semaphore_calls() -> st.SearchStrategy[Call]:
