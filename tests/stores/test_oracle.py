@@ -654,7 +654,7 @@ def leader_calls() -> st.SearchStrategy[Call]:
         every += [Call("every_claim", (every_key(name),), (us,)) for us in INTERVALS_US]
     # (reads in a group of their own: among the interval claims they were too rare to
     # reach every answer under the full profile)
-    return weighted((claim, 3), (resign, 2), (renew, 2), (state, 1), (every, 1))
+    return weighted((claim, 3), (resign, 2), (renew, 2), (state, 2), (every, 2))
 
 
 def semaphore_calls() -> st.SearchStrategy[Call]:
@@ -1130,6 +1130,13 @@ class Leaders(Oracle):
         self.move(move)
         self.call(call)
 
+    @rule(name=st.sampled_from(LOCK_NAMES), us=st.sampled_from(INTERVALS_US))
+    def claim_twice(self, name: str, us: int) -> None:
+        """Two processes ask for the same interval at once: the second finds it claimed."""
+        call = Call("every_claim", (every_key(name),), (us,))
+        self.call(call)
+        self.call(call)
+
 
 class Semaphores(Oracle):
     """Semaphore acquisitions, releases, extensions and ``holders``."""
@@ -1314,6 +1321,7 @@ EXAMPLES = {machine: 15 for machine in MACHINES} | {
     SlidingWindows: 30,
     TokenBuckets: 30,
     Locks: 20,
+    Leaders: 30,
     ReadWriteLocks: 20,
     FairLocks: 20,
     InFlight: 20,
