@@ -328,6 +328,19 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[arl.Backend]:
         await b.aclose()
 
 
+@pytest.fixture
+async def other(backend: arl.Backend, backend_url: str) -> AsyncIterator[arl.Backend]:
+    """Another process's backend on the same server (memory:// has one process: itself)."""
+    if backend.url.startswith("memory://"):
+        yield backend
+        return
+    b = arl.Backend.from_url(backend_url)
+    try:
+        yield b
+    finally:
+        await b.aclose()
+
+
 @pytest.fixture(params=["memory", "redis"])
 def store_url(request: pytest.FixtureRequest) -> str:
     """A backend URL for an app the test serves: the embedded store, then the shared server."""

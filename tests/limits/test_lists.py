@@ -5,41 +5,14 @@ round trip per verdict, a full list refused whole; bad input refused before any 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from support.pace import on_memory, until
+from support.counting import Calls
+from support.pace import until
 
 import aioratelimit as arl
 from aioratelimit._limits import list_table
-
-
-@pytest.fixture
-async def other(backend: arl.Backend, backend_url: str) -> AsyncIterator[arl.Backend]:
-    """Another process's backend on the same server (memory:// has one process: itself)."""
-    if on_memory(backend):
-        yield backend
-        return
-    b = arl.Backend.from_url(backend_url)
-    try:
-        yield b
-    finally:
-        await b.aclose()
-
-
-class Calls:
-    """Counts the scripts a backend runs (reads too: ``_run_repeatable`` sends by ``_run``)."""
-
-    def __init__(self, backend: arl.Backend) -> None:
-        self.count = 0
-        inner = backend._run
-
-        def run(*args: Any) -> Any:
-            self.count += 1
-            return inner(*args)
-
-        backend._run = run
 
 
 async def test_keys_and_networks_allowed_and_denied(backend: arl.Backend, key: str) -> None:

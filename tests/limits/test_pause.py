@@ -5,12 +5,13 @@ before any I/O."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
-from support.pace import on_memory, until
+from support.counting import Calls
+from support.pace import until
 
 import aioratelimit as arl
 from aioratelimit import _keys, _observe
@@ -21,33 +22,6 @@ KINDS: dict[str, Callable[..., arl.Limiter]] = {
     "sliding": lambda **kw: arl.SlidingWindow("5/hour", **kw),
     "token": lambda **kw: arl.TokenBucket("5/hour", **kw),
 }
-
-
-@pytest.fixture
-async def other(backend: arl.Backend, backend_url: str) -> AsyncIterator[arl.Backend]:
-    """Another process's backend on the same server (memory:// has one process: itself)."""
-    if on_memory(backend):
-        yield backend
-        return
-    b = arl.Backend.from_url(backend_url)
-    try:
-        yield b
-    finally:
-        await b.aclose()
-
-
-class Calls:
-    """Counts the scripts a backend runs."""
-
-    def __init__(self, backend: arl.Backend) -> None:
-        self.count = 0
-        inner = backend._run
-
-        def run(*args: Any) -> Any:
-            self.count += 1
-            return inner(*args)
-
-        backend._run = run
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
