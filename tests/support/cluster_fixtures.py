@@ -82,9 +82,8 @@ class RedisClusterDeployment:
         self.replicas_wanted = replicas
         self.nodes: list[RedisServer] = []
         for _ in range(masters * (1 + replicas)):
-            port = free_port()
             node = RedisServer(
-                port,
+                None,
                 "--cluster-enabled", "yes",
                 "--cluster-config-file", "nodes.conf",
                 "--cluster-node-timeout", "1000",
@@ -243,6 +242,13 @@ class SentinelDeployment:
         try:
             self.master.start()
             for replica in self.replicas:
+                # the master may have moved to a fresh port at its start
+                at = replica.extra.index("--replicaof") + 2
+                replica.extra = (
+                    *replica.extra[:at],
+                    str(self.master.port),
+                    *replica.extra[at + 1 :],
+                )
                 replica.start()
             wait_until(
                 lambda: all(

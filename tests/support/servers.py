@@ -120,11 +120,18 @@ def stop_process(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM
         proc.wait(5)
 
 
+class PortTaken(RuntimeError):
+    """The server could not bind its port (or its cluster bus port)."""
+
+
 class RedisServer:
     """One real ``redis-server`` process on a loopback port, without persistence; ``kind``
     names the deployment it belongs to (a standalone server, a cluster node, a Sentinel's)."""
 
     def __init__(self, port: int | None = None, *extra: str, kind: str = "redis") -> None:
+        # A port chosen here may be taken by another process (a parallel lane) before the
+        # server binds it; such a server moves to a fresh port once, at its first start.
+        self.movable = port is None
         self.port = port or free_port()
         self.extra = extra
         self.kind = kind
@@ -141,6 +148,27 @@ class RedisServer:
         return self.proc.pid
 
     def start(self, timeout: float = 10.0) -> RedisServer:
+        for _ in range(5):
+            try:
+                self._start(timeout)
+                self.movable = False  # a later start keeps the port clients know
+                return self
+            except PortTaken:
+                if not self.movable:
+                    raise
+                self._move()
+        return self._start(timeout)
+
+    def _move(self) -> None:
+        """Fresh free ports for the server and, on a cluster node, its bus."""
+        self.port = free_port()
+        extra = list(self.extra)
+        for i, arg in enumerate(extra[:-1]):
+            if arg == "--cluster-port":
+                extra[i + 1] = str(free_port())
+        self.extra = tuple(extra)
+
+    def _start(self, timeout: float) -> RedisServer:
         check_permitted(self.kind)
         args = [
             REDIS_SERVER,
@@ -159,6 +187,10 @@ class RedisServer:
             while True:
                 if self.proc.poll() is not None:
                     log = (self.dir / "redis.log").read_text(errors="replace")[-2000:]
+                    self.proc = None
+                    if "Address already in use" in log:
+                        (self.dir / "redis.log").unlink()
+                        raise PortTaken(log)
                     raise RuntimeError(f"redis-server exited at start on port {self.port}:\n{log}")
                 try:
                     if client.ping():
