@@ -160,6 +160,7 @@ class Backend:
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         on_call: OnCall | None = None,
         secret: str | bytes | Sequence[str | bytes] | None = None,
+        batch: bool = True,
         **redis_options: Any,
     ) -> Backend:
         """A backend for ``url``, owning its connections.
@@ -172,15 +173,21 @@ class Backend:
         ``BackendUnavailable``. ``max_connections`` bounds the connections redis-py opens
         for the backend (wake-ups, cluster topology and routing). ``on_call`` is called
         with a ``ScriptCall`` after every script call (instrumentation: it names the
-        script and the server, never a key). ``secret``: the deployment's secret (see the
-        class). Other keyword arguments are connection settings as redis-py takes them
-        (``ssl_ca_certs``, ``client_name``, ...), and on a Sentinel URL the sentinels' own
-        TLS settings (``sentinel_ssl``, ``sentinel_ssl_ca_certs``, ...: docs/deployment.md).
+        script and the server, never a key; a decision that went in a batch is reported
+        on its own, from its call to its reply). ``secret``: the deployment's secret (see
+        the class). ``batch``: the decisions issued together (in one event-loop iteration,
+        for one server) go as one script call, each decided exactly as if alone (see
+        docs/performance.md); False sends one call per decision. Other keyword arguments
+        are connection settings as redis-py takes them (``ssl_ca_certs``, ``client_name``,
+        ...), and on a Sentinel URL the sentinels' own TLS settings (``sentinel_ssl``,
+        ``sentinel_ssl_ca_certs``, ...: docs/deployment.md).
         """
         check_scheme(url)
         keyring = resolve_secret(secret)
         check_int(max_connections, "max_connections")
         check_int(max_in_flight, "max_in_flight")
+        if type(batch) is not bool:
+            raise TypeError(f"batch must be True or False, not {batch!r}")
         if on_call is not None and not callable(on_call):
             raise TypeError(f"on_call must be a callable, not {type(on_call).__name__}")
         timeout = check_seconds(timeout, "timeout")
@@ -207,6 +214,7 @@ class Backend:
                 connect_timeout=connect_timeout,
                 max_in_flight=max_in_flight,
                 on_call=on_call,
+                batch=batch,
                 **redis_options,
             )
         except ValueError as exc:  # not chained: the parser's own words may quote a password

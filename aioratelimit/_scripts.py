@@ -275,3 +275,50 @@ MIN_CLUSTER_VERSION = (7, 0)
 
 #: Every script by name: what the memory store must have a twin for (a test checks it).
 SCRIPTS: dict[str, Script] = {s.name: s for s in list(globals().values()) if isinstance(s, Script)}
+
+#: The scripts a Redis store may put several calls of in one ``batch.lua`` call: the
+#: decisions made on the hot path (limiters, locks, semaphores, tokens, idempotency keys).
+#: Each follows the batched-script contract: it reads and checks before its first write
+#: (an error ends its own decision, never half-written past what it would be alone), and
+#: it never writes to its KEYS or ARGV (the decisions of a group share one ARGV table).
+#: The limiters with ``policies=`` are not here: their preamble (``policy_stamp``) takes
+#: its own arguments off ARGV. Their ids in a batch are their places here, from 1.
+BATCHED: tuple[Script, ...] = (
+    FIXED_WINDOW,
+    SLIDING_WINDOW,
+    TOKEN_BUCKET,
+    LOCK_ACQUIRE,
+    LOCK_EXTEND,
+    LOCK_RELEASE,
+    SEMAPHORE_ACQUIRE,
+    SEMAPHORE_EXTEND,
+    SEMAPHORE_RELEASE,
+    TOKEN_ISSUE,
+    TOKEN_CONSUME,
+    IDEM_CLAIM,
+    IDEM_RENEW,
+    IDEM_COMPLETE,
+    IDEM_RELEASE,
+)
+#: A batched script's id by its name (a ``str`` key: its hash is cached).
+BATCH_IDS: dict[str, int] = {s.name: i for i, s in enumerate(BATCHED, 1)}
+
+
+def _batch(flags: str) -> Script:
+    """``batch.lua`` with every script of ``BATCHED`` in front of it, each the body of a
+    function of its own ``KEYS`` and ``ARGV`` reading the batch's one clock (``batch_head``)
+    instead of calling ``TIME``: the composition ``batch.lua``'s header describes. The
+    pieces of Lua written here are that wrapping only, the same for every script."""
+    parts = [flags, _read("batch_head")]
+    for batched in BATCHED:
+        body = batched.source.replace("redis.call('TIME')", "batch_time")
+        parts += ["decisions[#decisions + 1] = function(KEYS, ARGV)\n", body, "\nend\n"]
+    parts.append(_read("batch"))
+    return script("batch", "".join(parts))
+
+
+#: Several decisions in one call (``_stores.batch``): ``{reply or error per decision}``.
+BATCH = _batch("")
+#: The same on a Redis Cluster (7.0+): the keys of one call may be in several slots of the
+#: node that serves them all, which a script may touch only when it says so.
+BATCH_CLUSTER = _batch("#!lua flags=allow-cross-slot-keys\n")

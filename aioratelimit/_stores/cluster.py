@@ -48,8 +48,9 @@ from redis.crc import key_slot
 
 from .._aio import Gate, Keeper
 from .._errors import AioRateLimitError
-from .._scripts import Arg, OnCall, Reply, Script
+from .._scripts import BATCH_CLUSTER, Arg, OnCall, Reply, Script
 from .base import DEFAULT_CONNECT_TIMEOUT, observed, translate
+from .batch import Batcher
 from .cluster_pubsub import ShardedPubSub
 from .confirm import ConfirmPools, Replicas
 from .endpoint import Endpoint, endpoint, tls_options
@@ -75,6 +76,7 @@ def cluster_store(
     connect_timeout: float,
     max_in_flight: int,
     on_call: OnCall | None = None,
+    batch: bool = True,
     **options: Any,
 ) -> ClusterStore:
     """The store for a ``redis+cluster://host:port[,host:port...]`` URL (it owns its client).
@@ -123,6 +125,7 @@ def cluster_store(
         connect_timeout=connect_timeout,
         nodes=nodes,
         on_call=on_call,
+        batch=batch,
     )
 
 
@@ -131,6 +134,8 @@ class ClusterStore:
 
     __slots__ = (
         "_adopting",
+        "_batch",
+        "_batchers",
         "_cluster",
         "_confirms",
         "_connect_timeout",
@@ -164,6 +169,7 @@ class ClusterStore:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         nodes: Endpoint | None = None,
         on_call: OnCall | None = None,
+        batch: bool = True,
     ) -> None:
         self._cluster: Any = client  # a redis.asyncio.RedisCluster
         self._owned = owned
@@ -173,6 +179,10 @@ class ClusterStore:
         # passed in, whose own routing runs every call.
         self._nodes = nodes
         self._links: dict[Address, Link] = {}
+        # Per master, its decisions batched (``_stores.batch``), keys of several of its
+        # slots in one call (``BATCH_CLUSTER``).
+        self._batch = batch
+        self._batchers: dict[Address, Batcher] = {}
         self._confirms = ConfirmPools(nodes, timeout=timeout, connect_timeout=connect_timeout)
         #: why ``replicas=`` is refused here: a client passed in routes every call itself
         self.confirm_refusal = None if nodes else "replicas= on a Redis Cluster needs from_url"
@@ -236,15 +246,19 @@ class ClusterStore:
             if self._nodes is None:
                 return await self._routed(script, keys, args)
             node = self._cluster.get_node_from_key(keys[0])
-            link = self._link(node.host, int(node.port))
+            where = (node.host, int(node.port))
+            link = self._link(*where)
             try:
                 wire = link.open or await link.wire()
             except (OSError, TimeoutError):
                 # Nothing was sent: redis-py's routing finds the node's successor.
                 self._rediscover()
                 return await self._routed(script, keys, args)
+            batcher = self._batchers.get(where)
+            if batcher is None:
+                batcher = self._batchers[where] = Batcher(BATCH_CLUSTER, enabled=self._batch)
             try:
-                reply = await wire.send(pack(script.evalsha_head, keys, args))
+                reply = await batcher.send(wire, script, keys, args)
             except (OSError, TimeoutError):
                 # Sent, and no reply: the script may have run, so no retry. The slot map
                 # is refreshed in the background, so calls find a promoted master.
@@ -357,6 +371,7 @@ class ClusterStore:
                 old.close_soon()  # its loop has stopped (closed already, mostly)
             self._gate = Gate(self._gate.size)
             self._links = {}
+            self._batchers = {}
             self._confirms.forget()  # (its connections belong to the loop that ended)
             self._ready = False
             self._ready_lock = None

@@ -110,6 +110,7 @@ def sentinel_store(
     connect_timeout: float,
     max_in_flight: int,
     on_call: OnCall | None = None,
+    batch: bool = True,
     **options: Any,
 ) -> SentinelStore:
     """The store for ``redis+sentinel://host:port[,host:port...]/service_name``."""
@@ -160,4 +161,5 @@ def sentinel_store(
         connect_timeout=connect_timeout,
         on_call=on_call,
         resolve=resolve,
+        batch=batch,
     )

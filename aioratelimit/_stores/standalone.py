@@ -29,7 +29,7 @@ from typing import Any
 
 from .._aio import Gate, Keeper
 from .._errors import BackendError
-from .._scripts import Arg, OnCall, Reply, Script
+from .._scripts import BATCH, Arg, OnCall, Reply, Script
 from .base import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_TIMEOUT,
@@ -39,6 +39,7 @@ from .base import (
     translate,
     valkey_errors,
 )
+from .batch import Batcher
 from .confirm import ConfirmPool, Replicas
 from .endpoint import Endpoint, check_server, endpoint
 from .loops import check_free
@@ -87,12 +88,13 @@ class OnLoop:
     """What a store opened on one event loop: its connection, its gate, and the pool of
     connections for confirmed writes (``confirm``: made by the first)."""
 
-    __slots__ = ("confirms", "gate", "keeper", "link", "loop")
+    __slots__ = ("batcher", "confirms", "gate", "keeper", "link", "loop")
 
-    def __init__(self, link: Link, size: int) -> None:
+    def __init__(self, link: Link, size: int, batch: bool) -> None:
         self.loop = _running_loop()
         self.link = link
         self.gate = Gate(size)
+        self.batcher = Batcher(BATCH, enabled=batch)
         self.keeper: Keeper | None = None
         self.confirms: ConfirmPool | None = None
 
@@ -102,6 +104,7 @@ class RedisStore(_OnClient):
 
     __slots__ = (
         "_adopting",
+        "_batch",
         "_connect_timeout",
         "_on",
         "_on_call",
@@ -126,6 +129,7 @@ class RedisStore(_OnClient):
         connect_timeout: float,
         on_call: OnCall | None = None,
         resolve: Callable[[], Awaitable[Endpoint]] | None = None,
+        batch: bool = True,
     ) -> None:
         #: the redis-py client the wake-up subscriber connects with (closed with the store)
         super().__init__(client, connect_timeout + timeout)
@@ -135,6 +139,7 @@ class RedisStore(_OnClient):
         self._timeout = timeout
         self._connect_timeout = connect_timeout
         self._on_call = on_call
+        self._batch = batch  # whether decisions batch (``_stores.batch``)
         self._on: OnLoop | None = None
         self._adopting = threading.Lock()
         self.run = self._call if on_call is None else self._observed
@@ -150,7 +155,7 @@ class RedisStore(_OnClient):
             await gate.wait(self._timeout)
         try:
             wire = on.link.open or await on.link.wire()
-            reply = await wire.send(pack(script.evalsha_head, keys, args))
+            reply = await on.batcher.send(wire, script, keys, args)
             if type(reply) is ReplyError:
                 reply = await self._answered(on, script, keys, args, reply)
             return reply
@@ -247,7 +252,7 @@ class RedisStore(_OnClient):
                 connect_timeout=self._connect_timeout,
                 resolve=self._resolve,
             )
-            on = self._on = OnLoop(link, self._size)
+            on = self._on = OnLoop(link, self._size, self._batch)
             on.keeper = Keeper(lambda: self._retire(on))
             return on
 
@@ -376,6 +381,7 @@ def standalone_store(
     connect_timeout: float,
     max_in_flight: int,
     on_call: OnCall | None = None,
+    batch: bool = True,
     **options: Any,
 ) -> RedisStore:
     """The store for a ``redis://``, ``rediss://`` or ``unix://`` URL (it owns its client).
@@ -401,4 +407,5 @@ def standalone_store(
         timeout=timeout,
         connect_timeout=connect_timeout,
         on_call=on_call,
+        batch=batch,
     )

@@ -154,8 +154,10 @@ async def test_resets_mid_stream_never_overcount(
         await limiter.peek(key)  # the script is cached on the server: no NOSCRIPT below
         scripts_before = _script_calls(own_redis)
         sent_before = _scripts_sent(proxy)
-        # Cuts far enough apart that some writes (a crowd's batch and its tag) get through.
-        proxy.chaos(random.Random(20240611), replies=(10, 60), into=(0, 64))
+        # Cuts far enough apart that some writes (a crowd's batch call and its tag) get
+        # through: a round of the crowd is about four replies (the first hit alone, then
+        # one batch call, each closed by its tag).
+        proxy.chaos(random.Random(20240611), replies=(3, 12), into=(0, 64))
         seen: list[arl.Decision] = []
         failures = 0
 
@@ -272,8 +274,10 @@ async def test_a_dropped_reply_fails_only_its_own_call(
         for i, (o, _) in enumerate(outcomes):
             if i not in lost:
                 assert (o.allowed, o.remaining) == (True, limit - i - 1), (i, o)
-        assert _script_calls(own_redis) - scripts_before == n
-        assert _scripts_sent(proxy) - sent_before == n
+        # Each script call written once and run once (a crowd's calls may carry several
+        # decisions each: batched, as many as n calls or fewer).
+        ran = _script_calls(own_redis) - scripts_before
+        assert ran == _scripts_sent(proxy) - sent_before <= n
         # The lost call ran (only its reply was lost), once, like every other.
         for i, k in enumerate(keys):
             assert _count(own_redis, k) == i + 1, (i, k)
