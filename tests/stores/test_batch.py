@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -195,3 +196,16 @@ async def test_a_cluster_refusing_batches_is_served_call_by_call(
 async def test_the_option_is_checked() -> None:
     with pytest.raises(TypeError, match="batch must be True or False"):
         arl.Backend.from_url("redis://localhost", batch=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("script", _scripts.BATCHED, ids=lambda s: s.name)
+def test_a_batched_script_keeps_the_contract(script: _scripts.Script) -> None:
+    """What ``batch.lua`` relies on (docs/performance.md): no write to ``KEYS`` or ``ARGV``
+    (a group shares them), and the clock read only as ``redis.call('TIME')``, which the
+    batch replaces by its one reading."""
+    code = "\n".join(line.split("--", 1)[0] for line in script.source.splitlines())
+    assert not re.search(r"\b(KEYS|ARGV)\[[^]]*\]\s*=[^=]", code)
+    assert not re.search(r"table\.(insert|remove)\(\s*(KEYS|ARGV)", code)
+    assert len(re.findall(r"""['"]TIME['"]""", code)) == code.count("redis.call('TIME')")
+    batch = "\n".join(line.split("--", 1)[0] for line in _scripts.BATCH.source.splitlines())
+    assert batch.count("redis.call('TIME')") == 1  # batch_head's

@@ -41,9 +41,10 @@ async def contended_handoff(resource: arl.Lock | arl.Semaphore) -> float:
 
 
 async def conformance_core(backend: arl.Backend, key: str) -> None:
-    """Hits, peeks and resets on all three limiters, a lock and a semaphore handed to a
-    waiter woken by pub/sub, a renewed lock, one-shot tokens, and ``@idempotent`` calls
-    (a replay, a failed call freeing its key, and a waiter given the first call's result)."""
+    """Hits, peeks and resets on all three limiters (and a crowd of them at once, which a
+    server decides in batches), a lock and a semaphore handed to a waiter woken by pub/sub,
+    a renewed lock, one-shot tokens, and ``@idempotent`` calls (a replay, a failed call
+    freeing its key, and a waiter given the first call's result)."""
     for limiter in (
         arl.FixedWindow("2/minute", backend=backend),
         arl.SlidingWindow("2/minute", backend=backend),
@@ -53,6 +54,8 @@ async def conformance_core(backend: arl.Backend, key: str) -> None:
         assert not (await limiter.peek(key)).allowed
         await limiter.reset(key)
         assert (await limiter.hit(key)).remaining == 1
+        crowd = await asyncio.gather(*(limiter.hit(f"{key}-{i % 5}") for i in range(30)))
+        assert sorted(d.remaining for d in crowd if d.allowed) == [0] * 5 + [1] * 5
 
     lk = arl.Lock(key, ttl=30, backend=backend)
     assert min([await contended_handoff(lk) for _ in range(2)]) < WOKEN_WITHIN
