@@ -13,10 +13,10 @@ What a caller may rely on, as with a call of its own:
 - **Exact.** A batch runs its decisions in order inside one script call: each gets the
   reply it would get from the same calls made serially at that instant, however many are
   on one key (a hot key's crowd is decided one by one, never approximated).
-- **A lone caller never waits.** The first decision of an iteration is written at once,
-  alone (as the wire writes the first command of an iteration); only the decisions issued
-  during the rest of that iteration wait for its end, when they would have been written
-  anyway.
+- **A lone caller never waits.** A decision is written at once, alone, when nothing is in
+  flight on its connection (a sequential caller's every call, a crowd's first); only those
+  issued while others are in flight wait for the iteration's end, which they would have
+  done on the wire anyway. The lone path schedules nothing on the loop.
 - **Its own reply or its own error.** An error inside one decision ends that decision
   only (``batch.lua``). An error for the whole call (NOSCRIPT, a redirection, a busy
   server, a refusal) means no decision ran: NOSCRIPT is answered by EVAL of the batch;
@@ -71,8 +71,8 @@ class Batcher:
         self.enabled = enabled
         self._head = script  # batch.lua as this target runs it (BATCH or BATCH_CLUSTER)
         self._loop = asyncio.get_running_loop()
-        # Whether this iteration's first decision has gone out (then the others batch),
-        # the decisions waiting for the iteration's end by group, how many, and the wire.
+        # Whether the iteration's end is scheduled to write the batch, the decisions
+        # waiting for it by group, how many, and the wire they go on.
         self._open = False
         self._groups: dict[tuple[str, tuple[Arg, ...], int], _Group] = {}
         self._count = 0
@@ -81,12 +81,10 @@ class Batcher:
     def send(
         self, wire: Wire, script: Script, keys: Sequence[str], args: Sequence[Arg]
     ) -> asyncio.Future[Reply]:
-        """The future of ``script``'s reply: written at once if it is the iteration's first
-        decision (or cannot batch), else in this iteration's batch."""
-        if not self._open or not self.enabled or script.name not in BATCH_IDS:
-            if not self._open and self.enabled:
-                self._open = True
-                self._loop.call_soon(self._flush)
+        """The future of ``script``'s reply: written at once when nothing is in flight on
+        ``wire`` (a lone caller's call: no batch, no loop callback), else in the batch
+        this iteration is building."""
+        if not (self.enabled and script.name in BATCH_IDS) or (not self._count and wire.idle):
             return wire.send(pack(script.evalsha_head, keys, args))
         waiter: asyncio.Future[Reply] = self._loop.create_future()
         if self._count and wire is not self._wire:  # a new wire: the old one's batch first
@@ -98,12 +96,15 @@ class Batcher:
             group = self._groups[script.name, shared, len(keys)] = (script, shared, [])
         group[2].append((keys, waiter))
         self._count += 1
+        if not self._open:
+            self._open = True
+            self._loop.call_soon(self._flush)
         if self._count >= BATCH_MAX:
             self._write()
         return waiter
 
     def _flush(self) -> None:
-        """The iteration's end: what it batched goes out, and the next first one alone."""
+        """The iteration's end: what it batched goes out."""
         self._open = False
         if self._count:
             self._write()

@@ -231,6 +231,12 @@ class Wire(asyncio.Protocol):
     # -- calls ---------------------------------------------------------------------------
 
     @property
+    def idle(self) -> bool:
+        """Nothing in flight: no reply owed, nothing batched (``_stores.batch`` writes a
+        decision alone then)."""
+        return not self._pending and not self._callers
+
+    @property
     def pending(self) -> int:
         """Callers' replies not handed out yet (cancelled callers' included)."""
         return sum(len(callers) for callers, _, _ in self._pending) + len(self._callers)
