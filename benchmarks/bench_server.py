@@ -6,9 +6,9 @@ loopback ports, and stops them at the end)::
     .venv/bin/python benchmarks/bench_server.py
     ARL_BATCH=0 .venv/bin/python benchmarks/bench_server.py   # Backend.from_url(batch=False)
 
-One table, every condition measured in every repetition, in an order that rotates from
-repetition to repetition; figures are medians over the repetitions, ratios medians of
-per-repetition ratios:
+One table, every condition measured in every repetition, in rounds whose order rotates
+(what the machine's drift does to one condition, it does to all); figures are medians over
+the repetitions, ratios medians of per-repetition ratios:
 
 - the C client, ``redis-benchmark``, sending the minimal fixed-window script
   (``FLOOR_LUA``: INCR, PEXPIRE on the first hit, PTTL) by EVALSHA: ``-c 50 -P 16`` (the
@@ -56,15 +56,17 @@ PEERS = {
     "TokenBucket": "MovingWindow",
 }
 TASKS = 64
+#: Each repetition runs every condition in this many rounds, a share of its count each.
+ROUNDS = 4
 #: Decisions of each crowd condition per repetition (one run of TASKS tasks)...
-CROWD_N = h.scaled(20_000, 256)
+CROWD_N = h.scaled(20_000, 1_024)
 #: ...of each sequential condition (interleaved in blocks of SEQ_BLOCK)...
-SEQ_N = h.scaled(2_000, 20)
-SEQ_BLOCK = min(200, SEQ_N)
+SEQ_N = h.scaled(2_000, 80)
+SEQ_BLOCK = min(100, SEQ_N // ROUNDS)
 #: ...and of redis-benchmark: with 50 connections, one, and pipelined 16 deep.
-C_N = h.scaled(20_000, 200)
-C_SEQ_N = h.scaled(5_000, 50)
-LIMIT_N = h.scaled(150_000, 1_000)
+C_N = h.scaled(20_000, 400)
+C_SEQ_N = h.scaled(5_000, 200)
+LIMIT_N = h.scaled(150_000, 1_600)
 LIMIT_PIPELINE = 16
 #: Distinct keys: each decision the next of this many (redis-benchmark's ``-r 100000``).
 KEYSPACE = 100_000
@@ -148,44 +150,63 @@ def limiter(name: str, backend: arl.Backend, rate: str = RATE) -> Any:
     return getattr(arl, name)(rate, backend=backend)
 
 
+#: One condition's share of a repetition: ``step(round)``.
+Step = Callable[[int], Awaitable[None]]
+
+
 class Cases:
     """The timed operations: ours, ``limits``' and their keys."""
 
-    def __init__(self, prefix: str, backend: arl.Backend, storage: Any) -> None:
+    def __init__(self, prefix: str, backend: arl.Backend, storage: Any, meter: h.CpuMeter) -> None:
         from limits import RateLimitItemPerHour
 
         self.prefix, self.item = prefix, RateLimitItemPerHour(1_000_000_000)
+        self.meter = meter
         self.ours = {name: limiter(name, backend) for name in LIMITERS}
         self.deny = {name: limiter(name, backend, DENY_RATE) for name in LIMITERS}
         self.peers = {p: h.limits_strategy(p, storage) for p in PEERS.values()}
 
     @staticmethod
-    def distinct(hit: Callable[[str], Any], tag: str, rep: int, n: int) -> h.Op:
-        base = rep * n
+    def distinct(hit: Callable[[str], Any], tag: str, base: int) -> h.Op:
+        """Decision ``i`` on the user key ``base + i`` (of ``KEYSPACE``)."""
         return lambda i: hit(f"{tag}:{(base + i) % KEYSPACE}")
 
     @staticmethod
-    def hot(hit: Callable[[str], Any], tag: str) -> h.Op:
-        return lambda i: hit(tag)
+    def hot(hit: Callable[[str], Any], key: str) -> h.Op:
+        return lambda i: hit(key)
 
-    def peer(self, strategy: str, rep: int) -> h.Op:
-        hit, item, base = self.peers[strategy].hit, self.item, rep * CROWD_N
-        return lambda i: hit(item, f"{self.prefix}:L{strategy}", str((base + i) % KEYSPACE))
+    def peer(
+        self,
+        name: str,
+        strategy: str,
+        rep: int,
+        add: Callable[[str, h.Sample], None],
+        seconds: dict[str, list[float]],
+    ) -> Step:
+        """``limits``' ``strategy`` at 64 tasks, on distinct keys, as ``ours`` runs."""
+        hit, item, n = self.peers[strategy].hit, self.item, CROWD_N // ROUNDS
+        tag = f"{self.prefix}:L{strategy}"  # limits' keys do not say the strategy
+
+        async def go(round_: int) -> None:
+            base = (rep * ROUNDS + round_) * n
+            op: h.Op = lambda i: hit(item, tag, str((base + i) % KEYSPACE))  # noqa: E731
+            add(name, await crowd(op, n, self.meter, seconds.setdefault(name, [])))
+
+        return go
 
 
-#: One condition's run in a repetition.
-Step = Callable[[], Awaitable[None]]
-
-
-async def crowd(op: h.Op, meter: h.CpuMeter | None, seconds: list[float]) -> h.Sample:
-    """One run of ``CROWD_N`` decisions by ``TASKS`` tasks."""
-    got = await h.crowds({"x": timed(op, seconds)}, TASKS, CROWD_N // TASKS, 1, meter=meter)
+async def crowd(op: h.Op, n: int, meter: h.CpuMeter | None, seconds: list[float]) -> h.Sample:
+    """One run of ``n`` decisions by ``TASKS`` tasks."""
+    got = await h.crowds({"x": timed(op, seconds)}, TASKS, n // TASKS, 1, meter=meter)
     return got["x"]
 
 
 async def repetition(
     lab: h.Lab, cases: Cases, cluster_fw: Any, sha: str, rep: int, run: Run
 ) -> None:
+    """Every condition, in ``ROUNDS`` rounds of a share of its decisions each, the order
+    of the conditions rotating from round to round (and repetition to repetition): what
+    the machine's drift does to one, it does to all."""
     assert lab.cluster is not None
     assert lab.cluster_meter is not None
     cluster, cmeter = lab.cluster, lab.cluster_meter
@@ -194,48 +215,63 @@ async def repetition(
     got: dict[str, h.Sample] = {}
     seconds: dict[str, list[float]] = {}
 
-    def c(name: str, *args: Any) -> Step:
-        async def go() -> None:
-            run.keep_c(name, h.c_client(*args), got)
+    def add(name: str, sample: h.Sample) -> None:
+        got[name] = got[name] + sample if name in got else sample
+
+    def c(name: str, *args: Any, n: int = C_N // ROUNDS) -> Step:
+        server, command, connections, pipeline, meter, *clustered = args
+
+        async def go(_: int) -> None:
+            done = h.c_client(server, command, connections, pipeline, n, meter, *clustered)
+            add(name, done.sample)
+            run.latency.setdefault(name, []).append((done.p50_us, done.p99_us))
 
         return go
 
-    def ours(name: str, op: h.Op, meter: h.CpuMeter | None = lab.meter) -> Step:
-        async def go() -> None:
-            got[name] = await crowd(op, meter, seconds.setdefault(name, []))
+    def ours(name: str, hit: Callable[[str], Any], tag: str, distinct: bool = True,
+             meter: h.CpuMeter | None = lab.meter) -> Step:  # fmt: skip
+        n = CROWD_N // ROUNDS
+
+        async def go(round_: int) -> None:
+            base = (rep * ROUNDS + round_) * n
+            op = cases.distinct(hit, tag, base) if distinct else cases.hot(hit, f"{tag}{rep}")
+            add(name, await crowd(op, n, meter, seconds.setdefault(name, [])))
 
         return go
 
-    async def sequential() -> None:
+    async def sequential(round_: int) -> None:
+        n = SEQ_N // ROUNDS
+        base = (rep * ROUNDS + round_) * n
         ops = {
-            f"{n}|seq": timed(
-                cases.distinct(cases.ours[n].hit, f"s{n}", rep, SEQ_N),
-                seconds.setdefault(f"{n}|seq", []),
+            f"{name}|seq": timed(
+                cases.distinct(cases.ours[name].hit, f"s{name}", base),
+                seconds.setdefault(f"{name}|seq", []),
             )
-            for n in LIMITERS
+            for name in LIMITERS
         }
-        got.update(await h.interleave(ops, SEQ_N, SEQ_BLOCK, rep, lab.meter))
+        for name, sample in (await h.interleave(ops, n, SEQ_BLOCK, round_, lab.meter)).items():
+            add(name, sample)
 
     steps: list[Step] = [
-        c("C -P 16", lab.redis, floor, 50, LIMIT_PIPELINE, LIMIT_N, lab.meter),
-        c("C -c 50", lab.redis, floor, 50, 1, C_N, lab.meter),
-        c("C -c 50 hot", lab.redis, hot_floor, 50, 1, C_N, lab.meter),
-        c("C -c 1", lab.redis, floor, 1, 1, C_SEQ_N, lab.meter),
-        c("C --cluster", cluster.seed, h.floor_command(sha, lab.prefix, cluster=True),
-          50, 1, C_N, cmeter, True),
+        c("C -P 16", lab.redis, floor, 50, LIMIT_PIPELINE, lab.meter, n=LIMIT_N // ROUNDS),
+        c("C -c 50", lab.redis, floor, 50, 1, lab.meter),
+        c("C -c 50 hot", lab.redis, hot_floor, 50, 1, lab.meter),
+        c("C -c 1", lab.redis, floor, 1, 1, lab.meter, n=C_SEQ_N // ROUNDS),
+        c("C --cluster", cluster.seed, h.floor_command(sha, lab.prefix, cluster=True), 50, 1,
+          cmeter, True),
         sequential,
-        ours("cluster FixedWindow|c64",
-             cases.distinct(cluster_fw.hit, "cl", rep, CROWD_N), cmeter),
+        ours("cluster FixedWindow|c64", cluster_fw.hit, "cl", meter=cmeter),
     ]  # fmt: skip
-    for n in LIMITERS:
-        hit = cases.ours[n].hit
-        steps.append(ours(f"{n}|c64", cases.distinct(hit, f"c{n}", rep, CROWD_N)))
-        steps.append(ours(f"{n}|hot", cases.hot(hit, f"h{n}{rep}")))
-        steps.append(ours(f"{n}|deny", cases.hot(cases.deny[n].hit, f"d{n}{rep}")))
-        steps.append(ours(f"limits {PEERS[n]}|c64", cases.peer(PEERS[n], rep)))
-    first = rep % len(steps)
-    for step in steps[first:] + steps[:first]:
-        await step()
+    for name in LIMITERS:
+        hit = cases.ours[name].hit
+        steps.append(ours(f"{name}|c64", hit, f"c{name}"))
+        steps.append(ours(f"{name}|hot", hit, f"h{name}", distinct=False))
+        steps.append(ours(f"{name}|deny", cases.deny[name].hit, f"d{name}", distinct=False))
+        steps.append(cases.peer(f"limits {PEERS[name]}|c64", PEERS[name], rep, add, seconds))
+    for round_ in range(ROUNDS):
+        first = (rep * ROUNDS + round_) % len(steps)
+        for step in steps[first:] + steps[:first]:
+            await step(round_)
     run.keep(got, seconds)
 
 
@@ -283,12 +319,10 @@ def report(run: Run) -> None:
     rows = []
     for label, key in ROWS:
         p50, p99 = run.p(key)
-        rows.append(
-            [label, reps.rate(key), reps.server(key), reps.client(key), p50, p99]
-        )  # fmt: skip
+        rows.append([label, reps.rate(key), p50, p99, reps.client(key), reps.server(key)])
     h.print_table(
         f"Server CPU per decision, medians of {h.REPS} repetitions (min-max)",
-        ["condition", "decisions/s", "server CPU µs", "client CPU µs", "p50 µs", "p99 µs"],
+        ["condition", "decisions/s", "p50 µs", "p99 µs", "client CPU µs", "server CPU µs"],
         rows,
     )
     goals = []
@@ -302,15 +336,17 @@ def report(run: Run) -> None:
         goals.append([figure, h.ratio(value), f"{met} {goal:g}", "yes" if ok else "no"])
     h.print_table("Goals: ratios of the rows above", ["figure", "today", "goal", "met"], goals)
     h.print_notes(
-        f"Each repetition runs every condition once, in an order rotating every repetition:"
-        f" a crowd is {CROWD_N} decisions by {TASKS} tasks, the sequential ones {SEQ_N} each"
-        f" interleaved in blocks of {SEQ_BLOCK}; redis-benchmark {C_N} requests ({C_SEQ_N}"
-        f" with -c 1, {LIMIT_N} with -P {LIMIT_PIPELINE}). Distinct keys: each decision the"
-        f" next of {KEYSPACE:,} keys; hot: one key, every hit admitted (denial-heavy: a limit"
-        " of 10). Server CPU: `INFO CPU` deltas around each run, per decision (the cluster's:"
-        " summed over its six nodes, replication included); client CPU: this process's"
-        " (`time.process_time`), redis-benchmark's own for its rows. Latency: per decision,"
-        " from the call to its answer (redis-benchmark's own percentiles for its rows).",
+        f"Each repetition runs every condition in {ROUNDS} rounds, the order of the"
+        f" conditions rotating every round: a crowd is {CROWD_N} decisions by {TASKS} tasks a"
+        f" repetition, the sequential ones {SEQ_N} each interleaved in blocks of {SEQ_BLOCK};"
+        f" redis-benchmark {C_N} requests ({C_SEQ_N} with -c 1, {LIMIT_N} with -P"
+        f" {LIMIT_PIPELINE}). Distinct keys: each decision the next of {KEYSPACE:,} keys; hot:"
+        " one key, every hit admitted (denial-heavy: a limit of 10). Server CPU: `INFO CPU`"
+        " deltas around each run, per decision (the cluster's: summed over its six nodes,"
+        " replication included); client CPU: this process's (`time.process_time`),"
+        " redis-benchmark's own for its rows. Latency: per decision, from the call to its"
+        " answer (redis-benchmark's: the median of its runs' own percentiles, per pipeline"
+        " with -P 16).",
         f"Ours: `Backend.from_url(url)` ({BATCH_NOTE}). limits: its async `RedisStorage`"
         " on redis-py; its MovingWindow stands in for a token bucket, which it lacks.",
     )
@@ -326,7 +362,7 @@ async def main(lab: h.Lab) -> None:
         for server in (lab.redis, *lab.cluster.nodes):
             with server.client() as client:
                 sha = str(client.script_load(h.FLOOR_LUA))
-        cases = Cases(lab.prefix, backend, storage)
+        cases = Cases(lab.prefix, backend, storage, lab.meter)
         cluster_fw = limiter("FixedWindow", clustered)
         # Warm-up: every script loaded, every connection open.
         warm = [cluster_fw.hit, *(lim.hit for lim in cases.ours.values())]
