@@ -11,8 +11,9 @@ loaded, connections open), ``callgrind_control -i on`` turns it on, the conditio
 ``--decisions`` decisions, ``-i off`` and ``-d`` dump its counts alone. Printed: the
 instructions (``Ir``) per decision of each condition, the inclusive cost per decision of
 the server's functions a decision passes through (reading, the command table, the script's
-set-up and run, each command the script calls, the replies' writes), and the top functions
-by their own cost for our ``FixedWindow`` and for the minimal script.
+set-up and run, each command the script calls, the replies' writes), the top functions by
+their own cost for our ``FixedWindow`` and for the minimal script, and probes: what one part
+of a script (``TIME``, ``tonumber``, a reply of 8 fields...) adds to ``return 1``.
 
 Callgrind counts the server's user-space instructions only: the kernel's share of the socket
 calls (the most of what pipelining saves) is not in them; ``INFO CPU`` in
@@ -66,6 +67,25 @@ FUNCTIONS = [
     ("handleClientsWithPendingWrites", "write the replies"),
     ("serverCron", "the timer"),
 ]
+#: Probes: scripts that each add one part of a decision to ``return 1``, what that part
+#: costs the server (sent as the C client sends the minimal script, with four ARGV).
+PROBES = [
+    ("`return 1`", "return 1"),
+    ("rates_common.lua, then `return 1`", "{rates_common}\nreturn 1"),
+    ("`redis.call('TIME')`", "redis.call('TIME')\nreturn 1"),
+    (
+        "`TIME`, its two strings to a number",
+        "local t = redis.call('TIME')\nreturn tonumber(t[1]) * 1000000 + tonumber(t[2])",
+    ),
+    (
+        "four `tonumber(ARGV[i])`",
+        "local a, b, c, d = tonumber(ARGV[1]), tonumber(ARGV[2]),"
+        " tonumber(ARGV[3]), tonumber(ARGV[4])\nreturn 1",
+    ),
+    ("a reply of 8 integers", "return {1, 2, 3, 4, 5, 6, 7, 8}"),
+]
+PROBE = "probe: "
+LUA = Path(__file__).resolve().parents[1] / "lua"
 #: What annotate prints per function: ``Ir (pct%)  file:function [object]``.
 LINE = re.compile(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+(\S*?):(\S+) \[(.+)\]$")
 
@@ -137,6 +157,12 @@ async def body(cg: Callgrind, n: int, prefix: str, counts: dict[str, int]) -> No
 
             return go
 
+        def c_send(command: list[str]) -> Callable[[], Awaitable[object]]:
+            async def go() -> None:
+                await asyncio.to_thread(h.c_client, server, command, 50, 16, n)
+
+            return go
+
         def crowd(
             name: str, tag: str, tasks: int, hot: bool = False
         ) -> Callable[[], Awaitable[object]]:
@@ -162,12 +188,23 @@ async def body(cg: Callgrind, n: int, prefix: str, counts: dict[str, int]) -> No
             h.progress(f"callgrind: {label}")
             await cg.measure(label, work)
             counts[label] = decisions
+        common = (LUA / "rates_common.lua").read_text()
+        for label, source in PROBES:
+            with server.client() as client:
+                probe = str(client.script_load(source.replace("{rates_common}", common)))
+            command = ["EVALSHA", probe, "1", f"{prefix}:p:__rand_int__", "60000", "1", "1000",
+                       "60000000"]  # fmt: skip
+            h.c_client(server, command, 50, 16, 200)  # warm-up
+            h.progress(f"callgrind: {PROBE}{label}")
+            await cg.measure(PROBE + label, c_send(command))
+            counts[PROBE + label] = n
     finally:
         await backend.aclose()
 
 
 def report(cg: Callgrind, counts: dict[str, int], top: int) -> None:
-    labels = list(counts)
+    labels = [label for label in counts if not label.startswith(PROBE)]
+    probes = {label: total(cg.dumps[label]) / counts[label] for label in counts}
     totals = {label: total(cg.dumps[label]) / counts[label] for label in labels}
     inclusive = {label: annotate(cg.dumps[label], True) for label in labels}
     floor = totals[labels[0]]
@@ -187,6 +224,14 @@ def report(cg: Callgrind, counts: dict[str, int], top: int) -> None:
         ["function", *labels],
         rows,
     )
+    base = probes.get(PROBE + PROBES[0][0])
+    if base is not None:
+        h.print_table(
+            "What a part of a script costs: Ir per call, C -c 50 -P 16",
+            ["script", "Ir per call", "less `return 1`"],
+            [[label, h.fmt(probes[PROBE + label]), h.fmt(probes[PROBE + label] - base, 0)]
+             for label, _ in PROBES],
+        )  # fmt: skip
     for label in (labels[0], labels[2]):
         own = annotate(cg.dumps[label], False)
         ranked = sorted(own.items(), key=lambda kv: -kv[1])[:top]
