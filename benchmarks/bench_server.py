@@ -126,9 +126,9 @@ class Run:
             pair = (1e6 * percentile(xs, 0.5), 1e6 * percentile(xs, 0.99))
             self.latency.setdefault(name, []).append(pair)
 
-    def keep_c(self, name: str, run: h.CRun, got: dict[str, h.Sample]) -> None:
-        got[name] = run.sample
-        self.latency.setdefault(name, []).append((run.p50_us, run.p99_us))
+    def keep_c(self, name: str, done: h.CRun) -> None:
+        """A redis-benchmark run's own percentiles."""
+        self.latency.setdefault(name, []).append((done.p50_us, done.p99_us))
 
     def p(self, name: str) -> tuple[str, str]:
         pairs = self.latency.get(name, [])
@@ -224,7 +224,7 @@ async def repetition(
         async def go(_: int) -> None:
             done = h.c_client(server, command, connections, pipeline, n, meter, *clustered)
             add(name, done.sample)
-            run.latency.setdefault(name, []).append((done.p50_us, done.p99_us))
+            run.keep_c(name, done)
 
         return go
 
