@@ -27,7 +27,6 @@ and the server's (``INFO CPU`` deltas).
 
 from __future__ import annotations
 
-import resource
 from collections.abc import Sequence
 
 import harness as h
@@ -56,13 +55,7 @@ LOW = (1, 2, 4)
 
 def c_client(lab: h.Lab, command: list[str], connections: int, pipeline: int, n: int) -> h.Sample:
     """``redis-benchmark`` on the run's server, its own CPU as the client's."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    sample = h.redis_benchmark(lab.redis, command, connections, pipeline, n, lab.meter)
-    if sample is None:
-        raise SystemExit("redis-benchmark not found (redis-tools): it is the reference here")
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return h.Sample(sample.ops, sample.seconds, cpu, sample.server)
+    return h.c_client(lab.redis, command, connections, pipeline, n, lab.meter).sample
 
 
 class Cases:

@@ -44,7 +44,7 @@ import importlib.metadata
 import math
 import os
 import platform
-import re
+import resource
 import shutil
 import signal
 import socket
@@ -177,18 +177,20 @@ def wait_for(check: Callable[[], bool], what: str, timeout: float = 60.0) -> Non
 class RedisServer:
     """One ``redis-server`` on a free loopback port, without persistence."""
 
-    def __init__(self, scratch: Path, *extra: str) -> None:
+    def __init__(
+        self, scratch: Path, *extra: str, wrapper: Sequence[str] = (), start_timeout: float = 20.0
+    ) -> None:
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix=f"redis-{self.port}-", dir=scratch))
         binary = os.environ.get("REDIS_SERVER") or _tool("redis-server")
         if binary is None:
             raise SystemExit("redis-server not found: install it or set REDIS_SERVER")
         argv = [
-            binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            *wrapper, binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "no", "--dir", str(self.dir), *extra,
         ]  # fmt: skip
         self.child = Child(f"redis-server on 127.0.0.1:{self.port}", argv, self.dir / "log")
-        wait_for(self._answers, f"redis-server on port {self.port}", 20.0)
+        wait_for(self._answers, f"redis-server on port {self.port}", start_timeout)
 
     @property
     def url(self) -> str:
@@ -534,6 +536,50 @@ class Sample:
         return 1e6 * self.server.main / self.ops
 
 
+@dataclass(frozen=True, slots=True)
+class CRun:
+    """One ``redis-benchmark`` run: its ``Sample`` (its own CPU as the client's) and the
+    latency percentiles it reports, µs per request."""
+
+    sample: Sample
+    p50_us: float
+    p99_us: float
+
+
+def c_client(
+    server: RedisServer,
+    command: Sequence[str],
+    connections: int,
+    pipeline: int,
+    requests: int,
+    meter: CpuMeter | None = None,
+    cluster: bool = False,
+) -> CRun:
+    """``redis-benchmark`` (the C client) sending ``command`` ``requests`` times
+    (``__rand_int__`` in it made random each time, out of 100,000; ``cluster``: to the
+    masters of the cluster ``server`` belongs to), the servers' CPU read around it."""
+    exe = _tool("redis-benchmark")
+    if exe is None:
+        raise SystemExit("redis-benchmark not found (redis-tools): it is the reference here")
+    argv = [
+        exe, "-h", "127.0.0.1", "-p", str(server.port), *(["--cluster"] if cluster else []),
+        "-c", str(connections), "-n", str(requests), "-P", str(pipeline), "-r", "100000",
+        "--csv", *command,
+    ]  # fmt: skip
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = meter.read() if meter is not None else None
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True)
+    used = meter.since(start) if meter is not None and start is not None else UNMETERED
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms",...
+    rows = [line.split('","') for line in done.stdout.splitlines() if line.startswith('"')]
+    if len(rows) < 2 or len(rows[-1]) < 7:
+        raise SystemExit(f"redis-benchmark printed no rate: {done.stdout[-500:]}")
+    rps, p50, p99 = (float(rows[-1][i].strip('"')) for i in (1, 4, 6))
+    return CRun(Sample(requests, requests / rps, cpu, used), 1e3 * p50, 1e3 * p99)
+
+
 def redis_benchmark(
     server: RedisServer,
     command: Sequence[str],
@@ -543,24 +589,10 @@ def redis_benchmark(
     meter: CpuMeter | None = None,
     cluster: bool = False,
 ) -> Sample | None:
-    """``redis-benchmark`` (the C client) sending ``command`` ``requests`` times
-    (``__rand_int__`` in it made random each time; ``cluster``: to the masters of the
-    cluster ``server`` belongs to); None without redis-benchmark."""
-    exe = _tool("redis-benchmark")
-    if exe is None:
+    """``c_client``'s ``Sample``; None without redis-benchmark."""
+    if _tool("redis-benchmark") is None:
         return None
-    argv = [
-        exe, "-h", "127.0.0.1", "-p", str(server.port), *(["--cluster"] if cluster else []),
-        "-c", str(connections), "-n", str(requests), "-P", str(pipeline), "-r", "100000",
-        "-q", *command,
-    ]  # fmt: skip
-    start = meter.read() if meter is not None else None
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True).stdout
-    used = meter.since(start) if meter is not None and start is not None else UNMETERED
-    found = re.findall(r"([0-9.]+) requests per second", out)
-    if not found:
-        raise SystemExit(f"redis-benchmark printed no rate: {out[-500:]}")
-    return Sample(requests, requests / float(found[-1]), server=used)
+    return c_client(server, command, connections, pipeline, requests, meter, cluster).sample
 
 
 def floor_command(sha: str, prefix: str, cluster: bool = False) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -111,12 +112,21 @@ SERVER_CPU_ROWS = {
     "bench_settle": ["FixedWindow hit", "FixedWindow settle", "TokenBucket reserve + settle"],
     "bench_replicas": ["plain", "replicas=1"],
     "bench_web": ["RateLimitMiddleware, Redis"],
+    "bench_server": [
+        "C `-c 50 -P 16`, minimal script (the server's limit)",
+        "ours FixedWindow, 64 tasks, distinct keys",
+        "ours TokenBucket, sequential",
+        "limits SlidingWindowCounter, 64 tasks, distinct keys",
+        "cluster: ours FixedWindow, 64 tasks, distinct keys",
+    ],
 }
+#: The benchmarks that start a cluster too.
+CLUSTERED = {"bench_cluster", "bench_server"}
 
 
 def marks(script: Path) -> list[pytest.MarkDecorator]:
     """The deployments a benchmark starts (conftest reads these marks for the lanes)."""
-    return [pytest.mark.redis, *([pytest.mark.cluster] if script.stem == "bench_cluster" else [])]
+    return [pytest.mark.redis, *([pytest.mark.cluster] if script.stem in CLUSTERED else [])]
 
 
 @pytest.mark.slow
@@ -137,6 +147,10 @@ def test_benchmark_smoke_run(script: Path) -> None:
         # Not a timing: its three measurements are all printed.
         for title in ("Denied decisions per second", "A flood of 64 tasks", "breaker open"):
             assert title in stdout, stdout[-3000:]
+    if script.stem == "bench_server":
+        # Not a timing: every goal's ratio is computed and printed.
+        goals = stdout.partition("### Goals")[2]
+        assert len(re.findall(r"\| (?:yes|no) +\|$", goals, re.MULTILINE)) == 14, goals
     if script.stem == "bench_idempotency":
         # Not a timing: one round trip per operation, counted on both sides.
         for operation in ("**consume_token**", "**idempotent replay**", "issue_token"):
@@ -157,6 +171,20 @@ def test_profile_hit_smoke_run() -> None:
     assert found is not None, stdout[-2000:]
     assert float(found.group(1)) > 0
     assert "tottime" in stdout, stdout[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+@SMOKE
+@pytest.mark.skipif(shutil.which("callgrind_control") is None, reason="needs valgrind")
+def test_callgrind_server_smoke_run() -> None:
+    """benchmarks/callgrind_server.py (the server's instructions per decision) runs tiny
+    under callgrind, prints a count for ours and for the C client, and stops its server."""
+    argv = [str(BENCHMARKS / "callgrind_server.py"), "--decisions", "64", "--top", "3"]
+    stdout = smoke_run(argv)
+    for row in ("C -c 50 -P 16, minimal script", "ours FixedWindow, 64 tasks"):
+        assert float(cells(stdout, row)[1].replace(",", "")) > 0, row
+    assert "`luaCallFunction`" in stdout, stdout[-3000:]
 
 
 def test_every_benchmark_is_found() -> None:
