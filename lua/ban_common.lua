@@ -25,9 +25,11 @@
 local ban_spec = table.remove(ARGV)
 local ban_strikes = table.remove(KEYS)
 local ban_reply = ban_decide()
+local block = KEYS[#KEYS]
 if ban_reply[1] ~= 0 or tonumber(ARGV[2]) % 4 == 0 or ban_reply[8] == #KEYS then
   return ban_reply  -- admitted (or -1: nothing decided), a peek, or denied by a live block
 end
+KEYS[#KEYS + 1] = ban_strikes  -- (the script's KEYS again, as the caller sent them)
 local after, within, first, factor, longest = string.match(ban_spec,
   '^(%d+);(%d+);(%d+);(%d+);(%d+)$')
 after, within, first = tonumber(after), tonumber(within), tonumber(first)
@@ -55,7 +57,6 @@ if strikes >= after then
   -- The block as limiter_block.lua writes it: its end in µs, expiring then; a longer one
   -- in place is kept.
   local block_ends = now + length * 1000
-  local block = KEYS[#KEYS]
   local old = tonumber(redis.call('GET', block) or '0')
   if old < block_ends then
     redis.call('SET', block, string.format('%d', block_ends), 'PXAT',
@@ -63,7 +64,7 @@ if strikes >= after then
   end
   banned = math.ceil(block_ends / 1000)
   strikes, ends, issued = 0, now_ms, 1
-  ban_reply = {0, ban_reply[2], 0, length * 1000, length * 1000, now, 0, #KEYS, 1}
+  ban_reply = {0, ban_reply[2], 0, length * 1000, length * 1000, now, 0, #KEYS - 1, 1}
 end
 redis.call('HSET', ban_strikes, 's', strikes, 'e', string.format('%d', ends), 'k', bans,
   'u', string.format('%d', banned))
