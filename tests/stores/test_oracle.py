@@ -1594,8 +1594,8 @@ def test_every_lua_file_is_a_script_or_a_helper() -> None:
     banned = {name for name in SCRIPTS if name.endswith("_ban")}
     assert files == set(SCRIPTS) - variants - banned | set(HELPERS) | set(PREAMBLES) | set(WRAPPERS)
     for name in banned:  # a whole script as the body of a function, then the wrapper
-        base = SCRIPTS[name.removesuffix("_ban")].source
-        wrapped = f"local function ban_decide()\n{base}\nend\n{lua_file('ban_common')}"
+        body = SCRIPTS[name.removesuffix("_ban")].source
+        wrapped = f"local function ban_decide()\n{body}\nend\n{lua_file('ban_common')}"
         assert SCRIPTS[name].source == wrapped, name
     for name in variants:  # a preamble in front of a whole script
         base = SCRIPTS[name.removesuffix("_policy")]
@@ -1662,6 +1662,7 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
         sent.append((name, list(keys), list(args)))
 
     rates = (R3, R4)
+    rates_sent = rate_args(rates)
     limits = [arl.Rate(lim, w / 1e6) for lim, w in rates]
     fixed = arl.FixedWindow(*limits, backend=backend, blockable=True)
     await fixed.hit("u", 2)
@@ -1888,6 +1889,31 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     expect("policy_read", store_keys, ("1", "u"))
     expect("token_bucket_policy", policy_keys("tb", "u", 1, False), bucket_args)
 
+    # Bans: each script's ban variant, its strike record a last KEY and its spec a last
+    # ARGV; a key's ban read and lifted (``unban``: a ``delete`` of the block and record).
+    ban = arl.Ban(after=2, within=2.0, first=0.002, factor=1.5, longest=3.0)
+    spec = "2;2000;2;1500;3000"
+    assert spec in BAN_SPECS
+    user = "v{w}"
+    bfixed = arl.FixedWindow(*limits, backend=backend, ban=ban)
+    await bfixed.hit(user, 2)
+    fw_strikes = _keys.strikes(head("fw"), user)
+    expect(
+        "fixed_window_ban", [*fixed_keys(user, rates, True), fw_strikes], (2, 1, *rates_sent, spec)
+    )
+    bsliding = arl.SlidingWindow(*limits, buckets=7, backend=backend, ban=ban)
+    await bsliding.hit(user)
+    sw_keys = [*sliding_keys(user, 7, rates, True), _keys.strikes(head("sw"), user)]
+    expect("sliding_window_ban", sw_keys, (1, 1, 7, *rates_sent, spec))
+    bbucket = arl.TokenBucket(limits[0], burst=2, backend=backend, ban=ban)
+    await bbucket.hit(user)
+    tb_keys = [*bucket_keys(user, R3, 2, True), _keys.strikes(head("tb"), user)]
+    expect("token_bucket_ban", tb_keys, (1, 1, 2, interval_us(R3), spec))
+    await bfixed.ban_state(user)
+    await bfixed.unban(user)
+    expect("ban_state", [block_key("fw", user), fw_strikes], ())
+    expect("delete", [block_key("fw", user), fw_strikes], ())
+
     lists = arl.AccessList(LIST_NAMES[1], backend=backend, max_entries=10)
     await lists.deny(network="10.0.0.0/8", ttl=0.0025)
     await lists.remove("allow", key="u")
@@ -1899,9 +1925,8 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
 
     await backend.aclose()
     assert calls == sent
-    # ``delete`` is no longer the library's (a reset is ``rate_invalidate``, which tells the
-    # deny caches): the tests keep it to remove keys, and the machines above still check it.
-    assert {name for name, _, _ in calls} == set(SCRIPTS) - {"delete"}
+    # (A reset is ``rate_invalidate``, which tells the deny caches; ``delete`` is ``unban``'s.)
+    assert {name for name, _, _ in calls} == set(SCRIPTS)
     # The oracle's tokens and owners look like the library's.
     settle_id = settle_record.rpartition(":")[2]
     for drawn in (token, owner, second, settle_id, *TOKENS):
