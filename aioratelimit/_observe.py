@@ -149,7 +149,7 @@ async def decide(
     began = _clock()
     token = LIMITER.set(limiter)
     try:
-        decision = Decision.from_reply(await send(*args))
+        decision = banned(limiter, algorithm, await send(*args))
     except (BackendUnavailable, BackendError):  # not bad input: that is no decision at all
         decided(limiter, algorithm, ERROR, _clock() - began, None)
         raise
@@ -176,8 +176,8 @@ async def guarded(limiter: str | None, algorithm: str, call: Awaitable[Decision]
 
 
 def banned(limiter: str | None, algorithm: str, reply: Any) -> Decision:
-    """``Decision.from_reply`` for a limiter made with ``ban=``: a reply that says it
-    issued a ban (a ninth element, ``lua/ban_common.lua``) is reported first."""
+    """``Decision.from_reply``, reporting first a ban the reply says it issued (a ninth
+    element: a limiter made with ``ban=``, ``lua/ban_common.lua``)."""
     if len(reply) > 8 and recorder is not None:
         recorder.ban(limiter, algorithm, reply[4] / 1_000_000)
     return Decision.from_reply(reply)

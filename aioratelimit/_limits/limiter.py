@@ -7,7 +7,7 @@ rate), the key's block (``blockable=True``) and strike record (``ban=``), all un
 user key's hash tag. The three limiters share everything but the scripts and their
 arguments: validation, key building, the reply-to-``Decision`` decoding, blocks, bans and
 refunds (``bans``), the context manager and the decorator. The deny cache, the failure
-policy and shadow mode (and ``ban=``) are a ``Guard`` around the script call.
+policy and shadow mode are a ``Guard`` around the script call.
 """
 
 from __future__ import annotations
@@ -201,9 +201,9 @@ class Limiter(Penalties):
             # Its own memory:// store: counted in this process only, never sent anywhere.
             self._fallback = self._scaled(self.on_unavailable, Backend.from_url("memory://"))
             fallback = self._fallback._send
-        if self._ban is not None:  # (a guard, if only to report the bans it issues)
+        if self._ban is not None:  # (a guard reports the bans it decodes)
             decode = functools.partial(_observe.banned, self.name, self._script.name)
-        elif cache is None and options.plain and honoured is None and policies is None:
+        if cache is None and options.plain and honoured is None and policies is None:
             return
         direct = policies is not None and cache is None and options.plain and fallback is None
         self._guard = (Direct if direct else Guard)(
