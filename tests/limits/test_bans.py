@@ -128,6 +128,19 @@ async def test_unban_reset_and_block_share_the_record(
     assert (await limiter.ban_state(key)).bans == 0  # a block is no ban
 
 
+async def test_a_ban_under_a_hash_tag(backend: arl.Backend, build: Build, key: str) -> None:
+    """With ``hash_tag=``, the strike record and the block go under the tag it names, as the
+    counters do (one slot on a cluster): the ban is issued, read and lifted there."""
+    ban = arl.Ban(after=1, within=60, first=60)
+    limiter = build("1/minute", backend=backend, ban=ban, hash_tag=lambda k: k.split("/")[0])
+    assert (await limiter.hit(f"{key}/a")).allowed
+    assert (await limiter.hit(f"{key}/a")).retry_after == 60.0
+    assert (await limiter.ban_state(f"{key}/a")).bans == 1
+    assert (await limiter.ban_state(f"{key}/b")).bans == 0  # another key, the same tag
+    assert await limiter.unban(f"{key}/a")
+    assert (await limiter.hit(f"{key}/b")).allowed
+
+
 async def test_a_ban_is_reported_to_the_recorder(backend: arl.Backend, key: str) -> None:
     """The denial that issues a ban reports ``Recorder.ban`` with its length (once)."""
 
