@@ -5,7 +5,7 @@
 -- script's usual KEYS and ARGV, and counts a strike when that decision was a hit the rates
 -- denied; the `after`-th strike within `within_ms` bans the key: it writes the key's block
 -- (limiter_block.lua's key and format), lasting first_ms, times factor_milli / 1000 for
--- each ban before it while the strike record lives, at most max_ms.
+-- each ban before it while the strike record lives, at most longest_ms.
 --
 -- A denial by a live block counts no strike (the ban it serves is the penalty), nor does a
 -- peek. After a ban the strikes start again from none.
@@ -13,11 +13,12 @@
 -- KEYS[..]  the script's KEYS: the rates' keys, then the key's block (one user key)
 -- KEYS[#KEYS]  the key's strikes (hash: s = strikes in the current period, e = that
 --          period's end in ms, k = bans issued while the record lives, u = the last ban's
---          end in ms; expires at the later of e and u + max_ms: a key that earns no ban for
+--          end in ms; expires at the later of e and u + longest_ms: a key that earns no ban for
 --          the longest ban after its last one ends starts again from first_ms)
 -- ARGV[..]  the script's ARGV (cost, mode, its rates' arguments[, max_wait_us])
--- ARGV[#ARGV]  ban  "after;within_ms;first_ms;factor_milli;max_ms" (integers: after >= 1,
---          within_ms >= 1, 1 <= first_ms <= max_ms, factor_milli >= 1000)
+-- ARGV[#ARGV]  ban  "after;within_ms;first_ms;factor_milli;longest_ms" (integers:
+--          after >= 1, within_ms >= 1, 1 <= first_ms <= longest_ms, factor_milli from 1000
+--          to 100000, longest_ms at most a year: every product below stays under 2^53)
 --
 -- Reply: the script's; a denial that issued a ban answers the ban instead: reset_after_us
 --   and retry_after_us are its length, binding is the block's index in KEYS, and a ninth
@@ -43,7 +44,6 @@ if ends <= now_ms then
   strikes, ends = 0, now_ms + within  -- a new period opens at this strike
 end
 strikes = strikes + 1
-local issued = 0
 if strikes >= after then
   bans = bans + 1
   local length = first
@@ -63,7 +63,7 @@ if strikes >= after then
       string.format('%d', math.ceil(block_ends / 1000)))
   end
   banned = math.ceil(block_ends / 1000)
-  strikes, ends, issued = 0, now_ms, 1
+  strikes, ends = 0, now_ms
   ban_reply = {0, ban_reply[2], 0, length * 1000, length * 1000, now, 0, #KEYS - 1, 1}
 end
 redis.call('HSET', ban_strikes, 's', strikes, 'e', string.format('%d', ends), 'k', bans,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import _keys, _scripts
-from .._args import check_int, check_key, check_seconds, from_us, to_ms, to_us
+from .._args import check_count, check_key, check_seconds, from_us, to_ms, to_us
 from .._backend import Backend, get_backend
 
 #: The longest ban, and the largest factor: a ban's length times the factor, in ms, stays
@@ -42,7 +42,7 @@ class Ban:
     longest: float = 86400.0
 
     def __post_init__(self) -> None:
-        check_int(self.after, "after")
+        check_count(self.after, "after")
         check_seconds(self.within, "within")
         check_seconds(self.first, "first")
         check_seconds(self.longest, "longest")
@@ -55,13 +55,6 @@ class Ban:
                 f"longest must be from first ({self.first}) to {MAX_BAN:g} s (a year),"
                 f" got {self.longest}"
             )
-
-    @property
-    def spec(self) -> str:
-        """The scripts' ARGV: ``after;within_ms;first_ms;factor_milli;longest_ms``."""
-        factor = round(self.factor * 1000)
-        parts = (self.after, to_ms(self.within), to_ms(self.first), factor, to_ms(self.longest))
-        return ";".join(map(str, parts))
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +75,14 @@ def check_ban(ban: object) -> Ban | None:
     if ban is not None and not isinstance(ban, Ban):
         raise TypeError(f"ban must be an aioratelimit.Ban, not {type(ban).__name__}")
     return ban
+
+
+def spec(ban: Ban) -> str:
+    """The ban variants' last ARGV: ``after;within_ms;first_ms;factor_milli;longest_ms``
+    (whole ms, rounded up; the factor in thousandths)."""
+    factor = round(ban.factor * 1000)
+    parts = (ban.after, to_ms(ban.within), to_ms(ban.first), factor, to_ms(ban.longest))
+    return ";".join(map(str, parts))
 
 
 class Penalties:

@@ -30,7 +30,7 @@ from .._rates import Decision, Rate
 from .._scripts import Mode, Script
 from . import waiting as _waiting
 from .admission import Admission, limit_calls
-from .bans import Ban, Penalties, check_ban
+from .bans import Ban, Penalties, check_ban, spec
 from .calendar import Quota
 from .deny_cache import DenyCache
 from .failure import Breaker, Fallback, OnUnavailable
@@ -122,7 +122,7 @@ class Limiter(Penalties):
         #: ban's ``spec`` as a last ARGV (``bans``)
         self._ban = check_ban(ban)
         self._decider = self._script if ban is None else _scripts.banned(self._script)
-        self._ban_args: tuple[str, ...] = () if ban is None else (ban.spec,)
+        self._ban_args: tuple[str, ...] = () if ban is None else (spec(ban),)
         self._backend = backend
         self.name = name
         #: a denied hit counts too (brute-force protection: hammering keeps the key denied)
