@@ -161,6 +161,9 @@ class Limiter(Penalties):
         """The options on top of the plain decision (the guard); with all of them off a
         decision stays the one script call it was. With ``policies`` the rates come from
         data: the keys are per rate *position* with a stamp (``lua/policy_stamp.lua``)."""
+        if self._ban is not None and (deny_cache is not None or policies is not None):
+            # A denial cached here never reaches the script that counts its strike.
+            raise ValueError("ban= cannot be combined with deny_cache= or policies= (not yet)")
         honoured = as_pause(pause)
         if isinstance(pause, str) and honoured is not None:  # a name: on this limiter's backend
             honoured = Pause(pause, backend=self._backend)
@@ -181,9 +184,6 @@ class Limiter(Penalties):
             self._max_cost = MAX_COUNT  # the key's policy's limit denies what it cannot admit
             send = functools.partial(policies._send, self._policy_script)
             decode = policy_decode
-        if self._ban is not None and (deny_cache is not None or policies is not None):
-            # A denial cached here never reaches the script that counts its strike.
-            raise ValueError("ban= cannot be combined with deny_cache= or policies= (not yet)")
         if deny_cache is not None and self.count_denied:
             # A cached denial never reaches the server, where a denied hit must be counted.
             raise ValueError("deny_cache cannot be combined with count_denied=True")

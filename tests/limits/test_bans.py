@@ -197,8 +197,10 @@ async def test_ban_options_that_cannot_be_honoured_raise_before_any_io(
         build("1/second", backend=backend, ban={"after": 1})
     with pytest.raises(ValueError, match="deny_cache"):
         build("1/second", backend=backend, ban=ban, deny_cache=100)
+    policies = arl.Policies()
     with pytest.raises(ValueError, match="policies"):
-        build("1/second", backend=backend, name="api", ban=ban, policies=arl.Policies())
+        build("1/second", backend=backend, name="api", ban=ban, policies=policies)
+    build("1/second", backend=backend, name="api", policies=policies)  # (left unbound)
     banning: arl.Limiter = build("1/second", backend=backend, ban=ban)
     with pytest.raises(TypeError, match="ban="):
         await arl.hit_all([(banning, key), (build("1/second", backend=backend), key)])
