@@ -1261,9 +1261,9 @@ class PolicyLimiters(Oracle):
         self.call(call)
 
 
-#: ban specs (``bans.spec``): a ban after 1 to 3 strikes within 1 ms to 2 s, first lasting a ms or two,
-#: growing by a factor of 1, 1.5 or 2 up to 1 ms to 3 s (so that bans, their repeats,
-#: their cap and the record's end all happen within a history)
+#: ban specs (``bans.spec``): a ban after 1 to 3 strikes within 1 ms to 2 s, first lasting
+#: a ms or two, growing by a factor of 1, 1.5 or 2 up to 1 ms to 3 s (so that bans, their
+#: repeats, their cap and the record's end all happen within a history)
 BAN_SPECS = [
     f"{after};{within};{first};{factor};{longest}"
     for after, within, first, factor, longest in [
