@@ -1415,13 +1415,14 @@ def test_the_machines_call_every_script() -> None:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(
     ("machine", "version"),
-    [(m, REDIS_VERSION) for m in MACHINES] + [(FixedWindows, REDIS_6_2), (InFlight, REDIS_6_2)],
-    ids=[m.__name__ for m in MACHINES] + ["FixedWindows-6.2", "InFlight-6.2"],
+    [(m, REDIS_VERSION) for m in MACHINES]
+    + [(FixedWindows, REDIS_6_2), (InFlight, REDIS_6_2), (Bans, REDIS_6_2)],
+    ids=[m.__name__ for m in MACHINES] + ["FixedWindows-6.2", "InFlight-6.2", "Bans-6.2"],
 )
 def test_scripts_and_twins_agree(machine: type[Oracle], version: tuple[int, int]) -> None:
     """Each script and its twin give the same replies, keys, TTLs and publishes for any
     history of calls on one frozen clock; fixed_window.lua and inflight_acquire.lua also on
-    their Redis 6.2 branch.
+    their Redis 6.2 branch, and so does the ban variant of fixed_window.lua.
     Under the full profile, the histories reach each script's listed branches."""
     loop = asyncio.new_event_loop()
     seen: Counter[tuple[str, int]] = Counter()
