@@ -26,12 +26,12 @@ def _banned(
 ) -> Reply:
     """``ban_common``: the decision on the script's own KEYS and ARGV, then a denied hit's
     strike, and at the ``after``-th one the ban."""
-    spec, strikes_key = _text(args[-1]), keys[-1]
+    spec, strikes_key = args[-1], keys[-1]
     keys, args = keys[:-1], args[:-1]
     reply = decide(ks, keys, args, now)
     if reply[0] != 0 or int(args[1]) % 4 == 0 or reply[7] == len(keys):
         return reply
-    after, within, first, factor, longest = map(int, spec.split(";"))
+    after, within, first, factor, longest = map(int, _text(spec).split(";"))
     now_ms = now // 1000
     record: dict[str, int] | None = ks.get(strikes_key, now)
     record = record or {}
