@@ -132,6 +132,14 @@ def block(limiter_head: str, key: str, tag: str | None = None) -> str:
     return tagged(limiter_head, key, ":block")
 
 
+def strikes(limiter_head: str, key: str, tag: str | None = None) -> str:
+    """A limiter's strike record of one user key (``ban=``: ``lua/ban_common.lua``), beside
+    its block, under the same tag."""
+    if tag is not None:
+        return by_tag(limiter_head, tag, key, ":strikes")
+    return tagged(limiter_head, key, ":strikes")
+
+
 def settlement(limiter_head: str, key: str, settle_id: str, tag: str | None = None) -> str:
     """The record of one settlement of a reservation (``Reservation.settle``) of a user key,
     under that key's tag (or its limiter's ``tag``): its script applies a settlement once,

@@ -113,6 +113,10 @@ class Recorder:
     def breaker(self, state: str, server: str | None) -> None:
         """A circuit breaker entered ``state`` (``BREAKER_STATES``)."""
 
+    def ban(self, limiter: str | None, algorithm: str, seconds: float) -> None:
+        """A limiter made with ``ban=`` banned a key for ``seconds`` (the denial that
+        issued it is reported as a decision too)."""
+
 
 #: The recorder, or None: instrumentation off (the one test a hot path makes).
 recorder: Recorder | None = None
@@ -145,7 +149,7 @@ async def decide(
     began = _clock()
     token = LIMITER.set(limiter)
     try:
-        decision = Decision.from_reply(await send(*args))
+        decision = banned(limiter, algorithm, await send(*args))
     except (BackendUnavailable, BackendError):  # not bad input: that is no decision at all
         decided(limiter, algorithm, ERROR, _clock() - began, None)
         raise
@@ -169,6 +173,14 @@ async def guarded(limiter: str | None, algorithm: str, call: Awaitable[Decision]
         LIMITER.reset(token)
     decided(limiter, algorithm, result_of(decision), _clock() - began, decision)
     return decision
+
+
+def banned(limiter: str | None, algorithm: str, reply: Any) -> Decision:
+    """``Decision.from_reply``, reporting first a ban the reply says it issued (a ninth
+    element: a limiter made with ``ban=``, ``lua/ban_common.lua``)."""
+    if len(reply) > 8 and recorder is not None:
+        recorder.ban(limiter, algorithm, reply[4] / 1_000_000)
+    return Decision.from_reply(reply)
 
 
 def result_of(decision: Decision) -> str:

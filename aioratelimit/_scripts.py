@@ -144,6 +144,35 @@ POLICY_WRITE = _load("policy_write")
 #: ``{version, {name, record, ...}, {override per key}}``; reads only
 POLICY_READ = _load("policy_read", repeatable=True)
 
+#: Files read after a whole script to make a variant of it: the script becomes the body of
+#: a function the file calls (``ban_common.lua`` counts a denial as a strike towards a ban).
+WRAPPERS = ("ban_common",)
+#: The lines around the script (a function of no arguments; its ``return`` is its reply).
+_WRAP_OPEN, _WRAP_CLOSE = "local function ban_decide()\n", "\nend\n"
+
+
+def _wrapped(base: Script, wrapper: str) -> Script:
+    """``base`` as the body of ``ban_decide``, then ``wrapper`` (one of ``WRAPPERS``),
+    named ``<base>_ban``."""
+    source = _WRAP_OPEN + base.source + _WRAP_CLOSE + _read(wrapper)
+    return script(f"{base.name}_ban", source)
+
+
+#: The limiters made with ``ban=``: the script's reply, and on the denial that bans, the
+#: ban's (``{0, limit, 0, ban_us, ban_us, now_us, 0, block index, 1}``).
+FIXED_WINDOW_BAN = _wrapped(FIXED_WINDOW, "ban_common")
+SLIDING_WINDOW_BAN = _wrapped(SLIDING_WINDOW, "ban_common")
+TOKEN_BUCKET_BAN = _wrapped(TOKEN_BUCKET, "ban_common")
+
+
+def banned(base: Script) -> Script:
+    """The ban variant of a limiter script (``FIXED_WINDOW`` -> ``FIXED_WINDOW_BAN``)."""
+    return SCRIPTS[f"{base.name}_ban"]
+
+
+#: ``{µs the block still runs, now_us, strikes, bans, ms the record lives}``; reads only
+BAN_STATE = _load("ban_state", repeatable=True)
+
 
 class Mode(IntEnum):
     """ARGV[2] of the limiter scripts; ``PARTIAL`` is added to one of the other three."""

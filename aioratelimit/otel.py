@@ -91,6 +91,11 @@ class _Instruments(_observe.Recorder):
             unit="{decision}",
             description="Admitted decisions that left the limit near exhaustion.",
         )
+        self.bans = meter.create_counter(
+            "aioratelimit.rate_limiting.bans",
+            unit="{ban}",
+            description="Keys banned by a limiter made with ban=, by limiter and algorithm.",
+        )
         self.acquire_duration = meter.create_histogram(
             "aioratelimit.lock.acquire.duration",
             unit="s",
@@ -165,6 +170,9 @@ class _Instruments(_observe.Recorder):
                 cached[LIMITER] = limiter
             self._decision_attributes[limiter, algorithm, result] = cached
         return cached
+
+    def ban(self, limiter: str | None, algorithm: str, seconds: float) -> None:
+        self.bans.add(1, self._attributes(limiter, algorithm, None))
 
     def acquire(self, kind: str, result: str, seconds: float) -> None:
         self.acquire_duration.record(seconds, {LOCK_KIND: kind, LOCK_RESULT: result})

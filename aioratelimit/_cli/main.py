@@ -8,6 +8,7 @@
 ``doctor``   is this deployment ready: version, mode, scripts, clock, latency
 ``bench``    ours against the raw redis-py floor, sequential and concurrent
 ``lists``    an access list's entries: add, remove, show
+``bans``     a key's escalating ban: show, add, lift
 
 This module holds the parser; each command lives in the module of its name (``inspect``
 and ``reset`` in ``state``).
@@ -51,6 +52,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from . import bans as _cli_bans
     from . import bench as _cli_bench
     from . import demo as _cli_demo
     from . import doctor as _cli_doctor
@@ -156,6 +158,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--concurrency", type=int, default=50, help="concurrent callers (50)")
     bench.set_defaults(run=_cli_bench.bench, check=_cli_bench.check)
     _cli_lists.add_parsers(commands, common)
+    _cli_bans.add_parsers(commands, common)
     return parser
 
 

@@ -94,6 +94,10 @@ async def status_lines(limiter: Limiter, key: str) -> list[tuple[str, str]]:
     if left > 0:
         ends = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now_us / 1e6 + left))
         lines.append(("blocked until", f"{ends} (for {seconds(left)} more; reset lifts it)"))
+    ban = await limiter.ban_state(key)  # (strikes and bans of a limiter made with ban=)
+    if ban.forget_after > 0:
+        record = f"{ban.strikes} strikes, {ban.bans} bans; forgotten in {seconds(ban.forget_after)}"
+        lines.append(("ban record", record))
     d = await limiter.peek(key)
     verdict = "allowed" if d.allowed else f"denied, retry after {seconds(d.retry_after)}"
     lines.append(("next hit", verdict))

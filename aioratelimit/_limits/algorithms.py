@@ -23,6 +23,7 @@ from .._backend import Backend
 from .._errors import BackendError
 from .._rates import Rate, RateLike, as_rate, parse_rates, token_bucket
 from .._scripts import Reply
+from .bans import Ban
 from .calendar import Quota, window_arg
 from .failure import Breaker, Fallback, OnUnavailable
 from .limiter import Limiter
@@ -96,8 +97,9 @@ class FixedWindow(Limiter):
         pause: Pause | str | None = None,
         hash_tag: Callable[[str], str] | None = None,
         policies: Policies | None = None,
+        ban: Ban | None = None,
     ):
-        super().__init__(backend, name, count_denied, blockable, hash_tag)
+        super().__init__(backend, name, count_denied, blockable, hash_tag, ban)
         self.rates: tuple[Rate | Quota, ...] = _rates(rates)
         if any(isinstance(r, Quota) for r in self.rates):
             # The subclass that sends the periods' bounds (the same slots), before its
@@ -201,8 +203,9 @@ class SlidingWindow(Limiter):
         pause: Pause | str | None = None,
         hash_tag: Callable[[str], str] | None = None,
         policies: Policies | None = None,
+        ban: Ban | None = None,
     ):
-        super().__init__(backend, name, count_denied, blockable, hash_tag)
+        super().__init__(backend, name, count_denied, blockable, hash_tag, ban)
         self.rates = _plain_rates(rates, "SlidingWindow")
         self.buckets = check_int(buckets, "buckets")
         if buckets > MAX_BUCKETS:
@@ -260,8 +263,9 @@ class TokenBucket(Limiter):
         pause: Pause | str | None = None,
         hash_tag: Callable[[str], str] | None = None,
         policies: Policies | None = None,
+        ban: Ban | None = None,
     ):
-        super().__init__(backend, name, count_denied, blockable, hash_tag)
+        super().__init__(backend, name, count_denied, blockable, hash_tag, ban)
         if isinstance(rate, Quota):
             raise TypeError(_NO_QUOTA.format(kind="TokenBucket", quota=rate))
         if isinstance(rate, str) and len(parsed := parse_rates(rate)) > 1:

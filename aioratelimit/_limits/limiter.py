@@ -2,12 +2,12 @@
 and ``Admission``, its ``async with``.
 
 Each decision is one script run (``lua/fixed_window.lua``, ``lua/sliding_window.lua``,
-``lua/token_bucket.lua``) over one key per (user key, rate), and the key's block for a
-limiter made with ``blockable=True``, all under the user key's hash tag. The three limiters
-share everything but the scripts and their arguments: validation, key building, the
-reply-to-``Decision`` decoding, blocks and refunds (one script each), the context manager
-and the decorator. The deny cache, the failure policy and shadow mode are a ``Guard``
-around the script call, built only when one of them is on.
+``lua/token_bucket.lua``, or with ``ban=`` their ban variants) over one key per (user key,
+rate), the key's block (``blockable=True``) and strike record (``ban=``), all under the
+user key's hash tag. The three limiters share everything but the scripts and their
+arguments: validation, key building, the reply-to-``Decision`` decoding, blocks, bans and
+refunds (``bans``), the context manager and the decorator. The deny cache, the failure
+policy and shadow mode are a ``Guard`` around the script call.
 """
 
 from __future__ import annotations
@@ -22,10 +22,7 @@ from .._args import (
     check_count,
     check_int,
     check_key,
-    check_seconds,
     check_timeout,
-    from_us,
-    to_us,
 )
 from .._backend import Backend, get_backend
 from .._errors import RateLimited
@@ -33,6 +30,7 @@ from .._rates import Decision, Rate
 from .._scripts import Mode, Script
 from . import waiting as _waiting
 from .admission import Admission, limit_calls
+from .bans import Ban, Penalties, check_ban, spec
 from .calendar import Quota
 from .deny_cache import DenyCache
 from .failure import Breaker, Fallback, OnUnavailable
@@ -51,7 +49,7 @@ R = TypeVar("R")
 _PEEK, _PARTIAL = int(Mode.PEEK), int(Mode.PARTIAL)
 
 
-class Limiter:
+class Limiter(Penalties):
     """The common base of ``FixedWindow``, ``SlidingWindow`` and ``TokenBucket``: annotate
     with it where any of the three will do (``hit``, ``peek``, ``reset``, ``acquire``,
     ``async with limiter(key)`` and ``@limiter.limit`` are the same on all three).
@@ -62,7 +60,10 @@ class Limiter:
     __slots__ = (
         "_args",
         "_backend",
+        "_ban",
+        "_ban_args",
         "_blockable",
+        "_decider",
         "_default_policy",
         "_fallback",
         "_guard",
@@ -94,6 +95,7 @@ class Limiter:
         count_denied: bool = False,
         blockable: bool = False,
         hash_tag: Callable[[str], str] | None = None,
+        ban: Ban | None = None,
     ) -> None:
         if type(self) is Limiter:
             raise TypeError("Limiter is a base: use FixedWindow, SlidingWindow or TokenBucket")
@@ -115,7 +117,12 @@ class Limiter:
         self._hash_tag = hash_tag
         # Its hits read the key's block (one more key and GET per hit: opt-in, and a
         # one-rate hit stays a one-key script, served during a cluster slot migration).
-        self._blockable = blockable
+        self._blockable = blockable or ban is not None
+        #: ``ban=``: the script's ban variant, the key's strike record as a last KEY and the
+        #: ban's ``spec`` as a last ARGV (``bans``)
+        self._ban = check_ban(ban)
+        self._decider = self._script if ban is None else _scripts.banned(self._script)
+        self._ban_args: tuple[str, ...] = () if ban is None else (spec(ban),)
         self._backend = backend
         self.name = name
         #: a denied hit counts too (brute-force protection: hammering keeps the key denied)
@@ -154,6 +161,9 @@ class Limiter:
         """The options on top of the plain decision (the guard); with all of them off a
         decision stays the one script call it was. With ``policies`` the rates come from
         data: the keys are per rate *position* with a stamp (``lua/policy_stamp.lua``)."""
+        if self._ban is not None and (deny_cache is not None or policies is not None):
+            # A denial cached here never reaches the script that counts its strike.
+            raise ValueError("ban= cannot be combined with deny_cache= or policies= (not yet)")
         honoured = as_pause(pause)
         if isinstance(pause, str) and honoured is not None:  # a name: on this limiter's backend
             honoured = Pause(pause, backend=self._backend)
@@ -191,6 +201,8 @@ class Limiter:
             # Its own memory:// store: counted in this process only, never sent anywhere.
             self._fallback = self._scaled(self.on_unavailable, Backend.from_url("memory://"))
             fallback = self._fallback._send
+        if self._ban is not None:  # (a guard reports the bans it decodes)
+            decode = functools.partial(_observe.banned, self.name, self._script.name)
         if cache is None and options.plain and honoured is None and policies is None:
             return
         direct = policies is not None and cache is None and options.plain and fallback is None
@@ -218,6 +230,8 @@ class Limiter:
         """Its options in its repr, with their live state (nothing when all are off)."""
         tag = self._hash_tag
         shown = "" if tag is None else f" hash_tag={getattr(tag, '__qualname__', tag)}"
+        if self._ban is not None:
+            shown += f" ban={self._ban!r}"
         if self._guard is not None:
             shown += self._guard.shown()
         return shown if self._policies is None else f"{shown} policies={self._policies!r}"
@@ -253,6 +267,8 @@ class Limiter:
             keys = [_keys.tagged(head, key, suffix) for suffix in suffixes]
         if self._blockable:
             keys.append(_keys.block(head, key))
+            if self._ban is not None:
+                keys.append(_keys.strikes(head, key))
         return keys
 
     def _tagged_keys(self, head: str, key: str) -> list[str]:
@@ -262,6 +278,8 @@ class Limiter:
         keys = [_keys.by_tag(head, tag, key, suffix) for suffix in self._suffixes]
         if self._blockable:
             keys.append(_keys.block(head, key, tag))
+            if self._ban is not None:
+                keys.append(_keys.strikes(head, key, tag))
         return keys
 
     def _check_cost(self, cost: object, partial: bool = False) -> int:
@@ -284,8 +302,8 @@ class Limiter:
             # A partial hit may ask for more than a limit: it gets what is left.
             cost = self._check_cost(cost, mode >= _PARTIAL)
         backend = self._backend or get_backend()
-        args = (cost, mode, *self._args, *extra)
-        return backend._run(self._script, self._keys(backend, key), args)
+        args = (cost, mode, *self._args, *extra, *self._ban_args)
+        return backend._run(self._decider, self._keys(backend, key), args)
 
     async def _decide(self, key: str, cost: int, mode: int, *extra: int) -> Decision:
         guard = self._guard
@@ -351,24 +369,6 @@ class Limiter:
         await self._invalidate(key, reset=True)
         if self._fallback is not None:
             await self._fallback.reset(key)
-
-    async def block(self, key: str, seconds: float) -> float:
-        """Deny every hit for ``key`` for ``seconds``, in every process (one script; the
-        block key expires when it ends). A longer block in place is kept. Hits denied by a
-        block are not counted; ``reset`` lifts it. Answers the seconds the block runs.
-
-        Only for a limiter made with ``blockable=True`` (its hits read the block), in every
-        process that uses it."""
-        if not self._blockable:
-            raise TypeError(f"{self!r} was not made with blockable=True: its hits read no block")
-        check_key(key)
-        block_us = to_us(check_seconds(seconds, "seconds"))
-        backend = self._backend or get_backend()
-        head = backend._heads.get(self._head_id) or backend._head(self._kind, self.name)
-        block_key = _keys.block(head, key, self._tag(key))
-        reply = await backend._run(_scripts.LIMITER_BLOCK, [block_key], (block_us,))
-        # No deny cache to tell: a block only adds denials, and those cached stay true.
-        return from_us(reply[0])
 
     async def refund(self, key: str, cost: int = 1) -> int:
         """Give back ``cost`` hits that an admitted hit counted for ``key``, under every rate

@@ -72,6 +72,12 @@ class _Shape:
                     f"{limiter!r} has policies=, which a multi-key decision does not take:"
                     " decide it with its own hit"
                 )
+            if limiter._ban is not None:
+                # Its strikes are counted per key by its own script, around one key's hit.
+                raise TypeError(
+                    f"{limiter!r} has ban=, which a multi-key decision does not take:"
+                    " decide it with its own hit"
+                )
             if any(isinstance(rate, Quota) for rate in getattr(limiter, "rates", ())):
                 # Its periods' bounds change with the clock; a plan's arguments are fixed.
                 raise TypeError(

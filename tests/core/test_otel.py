@@ -142,6 +142,23 @@ async def test_near_limit_counts_admissions_past_the_share(
     }
 
 
+async def test_bans_are_counted_by_limiter_and_algorithm(
+    telemetry: Telemetry, store: arl.Backend, key: str
+) -> None:
+    """Each ban a limiter made with ``ban=`` issues counts once; its denial is a decision."""
+    ban = arl.Ban(after=2, within=60, first=30)
+    limiter = arl.SlidingWindow("1/minute", backend=store, name="login", ban=ban)
+    for _ in range(5):  # admitted, refused, banned, then two refused by the live ban
+        await limiter.hit(key)
+    assert telemetry.count("aioratelimit.rate_limiting.bans") == 1
+    (attributes, _), *_ = telemetry.points("aioratelimit.rate_limiting.bans")
+    assert attributes == {
+        "aioratelimit.rate_limiting.limiter": "login",
+        "aioratelimit.rate_limiting.algorithm": "sliding_window",
+    }
+    assert telemetry.count("aioratelimit.rate_limiting.decisions") == 5
+
+
 async def test_lock_and_semaphore_waits_timeouts_renewals_and_lost_leases(
     telemetry: Telemetry, store: arl.Backend, key: str
 ) -> None:

@@ -69,7 +69,7 @@ from aioratelimit._idempotency.store import Claimed, IdempotencyStore, _fingerpr
 from aioratelimit._idempotency.tokens import _subject
 from aioratelimit._locks import leader as _leader
 from aioratelimit._locks import rwlock as _rwlock
-from aioratelimit._scripts import HELPERS, PREAMBLES, SCRIPTS, Arg, Reply, Script
+from aioratelimit._scripts import HELPERS, PREAMBLES, SCRIPTS, WRAPPERS, Arg, Reply, Script
 from aioratelimit._stores.memory.keyspace import Keyspace, expired
 from aioratelimit._stores.memory.locks import PRUNE_MAX
 from aioratelimit._stores.memory.store import MemoryStore, twins
@@ -324,6 +324,8 @@ def key_type(key: str) -> bytes:
     kind = key.split(":")[1]
     if key.endswith("}:block"):  # a limiter's block (``_keys.block``)
         return b"string"
+    if key.endswith("}:strikes"):  # a banning limiter's strike record (``_keys.strikes``)
+        return b"hash"
     if "}:settle:" in key:  # a settlement's record (``_keys.settlement``)
         return b"string"
     if key.endswith("}:stamp"):  # a policy limiter's stamp (``_keys.policy_suffixes``)
@@ -959,6 +961,10 @@ class Oracle(RuleBasedStateMachine):
             first = int(len(reply) > 1)
         elif name in ("delete", "rate_invalidate"):  # keys removed: none (0) or some (1)
             first = int(int(reply) > 0)
+        elif name.endswith("_ban"):  # a decision's allowed (0/1), or 2: it issued a ban
+            first = 2 if len(reply) > 8 else reply[0]
+        elif name == "ban_state":  # {µs blocked, now_us, strikes, bans, ms}: a ban on record
+            first = int(reply[3] > 0)
         elif name.endswith("_refund"):  # {moved, now_us, applied}: none, some, a repeat (2)
             first = 2 if reply[2] == 0 else int(reply[0] > 0)
         else:
@@ -966,7 +972,8 @@ class Oracle(RuleBasedStateMachine):
         self.seen[name, int(first)] += 1
         if name.endswith("_policy") and reply[0] == -1:  # refused: {-1, stamp version}
             return
-        if name.removesuffix("_policy") in ("fixed_window", "sliding_window", "token_bucket"):
+        base = name.removesuffix("_policy").removesuffix("_ban")
+        if base in ("fixed_window", "sliding_window", "token_bucket"):
             ahead = [reply[3], reply[4]]  # reset_after_us, retry_after_us
         elif name == "inflight_acquire":
             ahead = [reply[6], reply[7]]  # the binding rate's reset_after_us, retry_after_us
@@ -1254,6 +1261,67 @@ class PolicyLimiters(Oracle):
         self.call(call)
 
 
+#: ban specs (``bans.spec``): a ban after 1 to 3 strikes within 1 ms to 2 s, first lasting
+#: a ms or two, growing by a factor of 1, 1.5 or 2 up to 1 ms to 3 s (so that bans, their
+#: repeats, their cap and the record's end all happen within a history)
+BAN_SPECS = [
+    f"{after};{within};{first};{factor};{longest}"
+    for after, within, first, factor, longest in [
+        (1, 1, 1, 1000, 1),
+        (1, 1_000, 1, 2000, 40),
+        (2, 2_000, 2, 1500, 3_000),
+        (3, 40, 2, 2000, 7),
+    ]
+]
+
+
+def ban_calls() -> st.SearchStrategy[Call]:
+    """The ban variants of the three limiter scripts (hits, peeks, every mode; a bucket's
+    bookings), on the limiters with a block, each with its strike record and a ban spec;
+    and the other calls on those keys: ``ban_state``, ``limiter_block`` (``block()``) and
+    ``delete`` (``unban``, ``reset``)."""
+    hits, states, blocks, deletes = [], [], [], []
+    for script, limiters in [
+        ("fixed_window", fixed_windows),
+        ("sliding_window", sliding_windows),
+        ("token_bucket", token_buckets),
+    ]:
+        kind = {"fixed_window": "fw", "sliding_window": "sw", "token_bucket": "tb"}[script]
+        for user in USERS:
+            strikes = _keys.strikes(head(kind), user)
+            for keys, nrates, args, _ in limiters(user):
+                if len(keys) == nrates or any(isinstance(v, str) for v in args[0]):
+                    continue  # (no block; a calendar quota: its bounds move with the clock)
+                banned = (*keys, strikes)
+                hits += [
+                    Call(f"{script}_ban", banned, (*a, spec)) for a in args for spec in BAN_SPECS
+                ]
+                states.append(Call("ban_state", (keys[-1], strikes), ()))
+                blocks += [Call("limiter_block", keys[-1:], (d,)) for d in BLOCKS_US]
+                deletes += [Call("delete", banned, ()), Call("delete", banned[-2:], ())]
+    states, deletes = list(dict.fromkeys(states)), list(dict.fromkeys(deletes))
+    return weighted((hits, 16), (states, 4), (blocks, 1), (deletes, 1))
+
+
+class Bans(Oracle):
+    """The ban variants (``lua/ban_common.lua`` around each limiter script): strikes, bans
+    and their escalation, with ``block()``, ``unban`` and ``ban_state`` on the same keys."""
+
+    branches: ClassVar[dict[str, set[int]]] = {
+        "fixed_window_ban": {0, 1, 2},
+        "sliding_window_ban": {0, 1, 2},
+        "token_bucket_ban": {0, 1, 2},
+        "ban_state": {0, 1},
+        "limiter_block": set(),
+        "delete": set(),
+    }
+
+    @rule(move=MOVES, call=ban_calls())
+    def step(self, move: Move, call: Call) -> None:
+        self.move(move)
+        self.call(call)
+
+
 class PolicyStores(Oracle):
     """A limiter's policy store: writes and reads."""
 
@@ -1305,6 +1373,7 @@ MACHINES = [
     OneShotTokens,
     Idempotency,
     PolicyLimiters,
+    Bans,
     PolicyStores,
     AccessLists,
     ServerChecks,
@@ -1323,6 +1392,7 @@ EXAMPLES = {machine: 15 for machine in MACHINES} | {
     Idempotency: 30,
     OneShotTokens: 10,
     PolicyLimiters: 30,
+    Bans: 30,
     PolicyStores: 5,
     AccessLists: 10,
     ServerChecks: 3,
@@ -1345,13 +1415,14 @@ def test_the_machines_call_every_script() -> None:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(
     ("machine", "version"),
-    [(m, REDIS_VERSION) for m in MACHINES] + [(FixedWindows, REDIS_6_2), (InFlight, REDIS_6_2)],
-    ids=[m.__name__ for m in MACHINES] + ["FixedWindows-6.2", "InFlight-6.2"],
+    [(m, REDIS_VERSION) for m in MACHINES]
+    + [(FixedWindows, REDIS_6_2), (InFlight, REDIS_6_2), (Bans, REDIS_6_2)],
+    ids=[m.__name__ for m in MACHINES] + ["FixedWindows-6.2", "InFlight-6.2", "Bans-6.2"],
 )
 def test_scripts_and_twins_agree(machine: type[Oracle], version: tuple[int, int]) -> None:
     """Each script and its twin give the same replies, keys, TTLs and publishes for any
     history of calls on one frozen clock; fixed_window.lua and inflight_acquire.lua also on
-    their Redis 6.2 branch.
+    their Redis 6.2 branch, and so does the ban variant of fixed_window.lua.
     Under the full profile, the histories reach each script's listed branches."""
     loop = asyncio.new_event_loop()
     seen: Counter[tuple[str, int]] = Counter()
@@ -1447,6 +1518,44 @@ def test_an_access_list_entry_ends_on_its_microsecond_on_both_sides() -> None:
         assert pair.run(SCRIPTS["list_remove"], keys, (LIST_FIELDS[1], channel, "PUBLISH")) == 0
 
 
+@pytest.mark.parametrize("script", ["fixed_window_ban", "sliding_window_ban", "token_bucket_ban"])
+def test_a_repeat_ban_grows_by_its_factor_up_to_its_cap_on_both_sides(script: str) -> None:
+    """Each ban while the record lives lasts the last one times the factor (rounded down
+    to the ms), at most the cap; a peek and a denial by the live ban count no strike;
+    once the record is forgotten the next ban lasts ``first`` again (the random histories
+    seldom ban one key six times)."""
+    kind = {"fixed": "fw", "sliding": "sw", "token": "tb"}[script.split("_")[0]]
+    strikes = _keys.strikes(head(kind), "u")
+    rates = ((1, 10_000_000),)  # one hit in 10 s: every later hit is refused by the rate
+    if kind == "fw":
+        keys, args = fixed_keys("u", rates, True), rate_args(rates)
+    elif kind == "sw":
+        keys, args = sliding_keys("u", 10, rates, True), (10, *rate_args(rates))
+    else:
+        keys, args = bucket_keys("u", rates[0], 1, True), (1, interval_us(rates[0]))
+    keys = [*keys, strikes]
+    spec = "2;1000;2;1500;7"  # the 2nd refusal within 1 s: 2 ms, then 3, 4, 6, 7, 7
+    hit, peek = (1, 1, *args, spec), (1, 0, *args, spec)
+    lengths = []
+    with side_by_side() as pair:
+        assert pair.run(SCRIPTS[script], keys, hit)[0] == 1
+        for _ in range(6):
+            assert pair.run(SCRIPTS[script], keys, peek)[0] == 0
+            assert len(pair.run(SCRIPTS[script], keys, hit)) == 8  # a strike, no ban
+            banned = pair.run(SCRIPTS[script], keys, hit)
+            assert banned[8] == 1, banned
+            lengths.append(banned[4] // 1000)
+            assert len(pair.run(SCRIPTS[script], keys, hit)) == 8  # the ban denies: no strike
+            pair.clock.now_us += banned[4]
+        assert lengths == [2, 3, 4, 6, 7, 7]
+        state = pair.run(SCRIPTS["ban_state"], [keys[-2], strikes], ())
+        assert state[2:4] == [0, 6], state
+        pair.clock.now_us += 8_000  # past the record's end (the last ban's end + 7 ms)
+        assert pair.run(SCRIPTS["ban_state"], [keys[-2], strikes], ())[2:] == [0, 0, 0]
+        pair.run(SCRIPTS[script], keys, hit)
+        assert pair.run(SCRIPTS[script], keys, hit)[4] == 2_000
+
+
 # -- the registry and the expiry rule ------------------------------------------------------
 
 
@@ -1483,7 +1592,12 @@ def test_every_lua_file_is_a_script_or_a_helper() -> None:
     """Each file in ``lua/`` is a registered script, or a helper some script reads first."""
     files = {path.stem for path in LUA.glob("*.lua")}
     variants = {name for name in SCRIPTS if name.endswith("_policy")}
-    assert files == set(SCRIPTS) - variants | set(HELPERS) | set(PREAMBLES)
+    banned = {name for name in SCRIPTS if name.endswith("_ban")}
+    assert files == set(SCRIPTS) - variants - banned | set(HELPERS) | set(PREAMBLES) | set(WRAPPERS)
+    for name in banned:  # a whole script as the body of a function, then the wrapper
+        body = SCRIPTS[name.removesuffix("_ban")].source
+        wrapped = f"local function ban_decide()\n{body}\nend\n{lua_file('ban_common')}"
+        assert SCRIPTS[name].source == wrapped, name
     for name in variants:  # a preamble in front of a whole script
         base = SCRIPTS[name.removesuffix("_policy")]
         assert SCRIPTS[name].source == lua_file("policy_stamp") + base.source, name
@@ -1549,6 +1663,7 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
         sent.append((name, list(keys), list(args)))
 
     rates = (R3, R4)
+    rates_sent = rate_args(rates)
     limits = [arl.Rate(lim, w / 1e6) for lim, w in rates]
     fixed = arl.FixedWindow(*limits, backend=backend, blockable=True)
     await fixed.hit("u", 2)
@@ -1775,6 +1890,31 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
     expect("policy_read", store_keys, ("1", "u"))
     expect("token_bucket_policy", policy_keys("tb", "u", 1, False), bucket_args)
 
+    # Bans: each script's ban variant, its strike record a last KEY and its spec a last
+    # ARGV; a key's ban read and lifted (``unban``: a ``delete`` of the block and record).
+    ban = arl.Ban(after=2, within=2.0, first=0.002, factor=1.5, longest=3.0)
+    spec = "2;2000;2;1500;3000"
+    assert spec in BAN_SPECS
+    user = "v{w}"
+    bfixed = arl.FixedWindow(*limits, backend=backend, ban=ban)
+    await bfixed.hit(user, 2)
+    fw_strikes = _keys.strikes(head("fw"), user)
+    expect(
+        "fixed_window_ban", [*fixed_keys(user, rates, True), fw_strikes], (2, 1, *rates_sent, spec)
+    )
+    bsliding = arl.SlidingWindow(*limits, buckets=7, backend=backend, ban=ban)
+    await bsliding.hit(user)
+    sw_keys = [*sliding_keys(user, 7, rates, True), _keys.strikes(head("sw"), user)]
+    expect("sliding_window_ban", sw_keys, (1, 1, 7, *rates_sent, spec))
+    bbucket = arl.TokenBucket(limits[0], burst=2, backend=backend, ban=ban)
+    await bbucket.hit(user)
+    tb_keys = [*bucket_keys(user, R3, 2, True), _keys.strikes(head("tb"), user)]
+    expect("token_bucket_ban", tb_keys, (1, 1, 2, interval_us(R3), spec))
+    await bfixed.ban_state(user)
+    await bfixed.unban(user)
+    expect("ban_state", [block_key("fw", user), fw_strikes], ())
+    expect("delete", [block_key("fw", user), fw_strikes], ())
+
     lists = arl.AccessList(LIST_NAMES[1], backend=backend, max_entries=10)
     await lists.deny(network="10.0.0.0/8", ttl=0.0025)
     await lists.remove("allow", key="u")
@@ -1786,9 +1926,8 @@ async def test_the_oracle_sends_what_the_library_sends() -> None:
 
     await backend.aclose()
     assert calls == sent
-    # ``delete`` is no longer the library's (a reset is ``rate_invalidate``, which tells the
-    # deny caches): the tests keep it to remove keys, and the machines above still check it.
-    assert {name for name, _, _ in calls} == set(SCRIPTS) - {"delete"}
+    # (A reset is ``rate_invalidate``, which tells the deny caches; ``delete`` is ``unban``'s.)
+    assert {name for name, _, _ in calls} == set(SCRIPTS)
     # The oracle's tokens and owners look like the library's.
     settle_id = settle_record.rpartition(":")[2]
     for drawn in (token, owner, second, settle_id, *TOKENS):

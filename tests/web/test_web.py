@@ -104,6 +104,22 @@ async def test_limit_answers_429_with_problem_and_ietf_headers(store_url: str) -
     assert int(limited.headers["content-length"]) == len(limited.content)
 
 
+async def test_a_ban_answers_429_with_its_retry_after(store_url: str) -> None:
+    """A Rule's limiter made with ``ban=``: the refusal that bans, and those during the
+    ban, answer 429 with the ban's Retry-After, longer than the rate's window."""
+    backend = fresh_backend(store_url)
+    app = Echo()
+    ban = arl.Ban(after=2, within=60, first=600)
+    mw = RateLimitMiddleware(app, arl.FixedWindow("2/minute", backend=backend, ban=ban))
+    async with serving(mw, backend) as client:
+        responses = [await client.get("/login") for _ in range(5)]
+    assert [r.status_code for r in responses] == [200, 200, 429, 429, 429]
+    assert app.calls == 2
+    assert int(responses[2].headers["retry-after"]) <= 60  # the rate's refusal: a strike
+    assert int(responses[3].headers["retry-after"]) == 600  # the second: banned
+    assert 540 < int(responses[4].headers["retry-after"]) <= 600
+
+
 async def test_retry_after_is_rounded_up_to_at_least_one_second(store_url: str) -> None:
     """A sub-second wait is announced as Retry-After: 1, never 0."""
     backend = fresh_backend(store_url)

@@ -29,6 +29,9 @@ from ..._scripts import SCRIPTS, Arg, OnCall, Reply, Script
 from ..base import observed
 from ..notify import Notifier
 from . import (
+    bans as memory_bans,
+)
+from . import (
     fair as memory_fair,
 )
 from . import (
@@ -69,6 +72,7 @@ Twin = Callable[[Keyspace, Sequence[str], Sequence[Arg], int], Reply]
 TWIN_MODULES: tuple[ModuleType, ...] = (
     memory_ratelimit,
     memory_penalties,
+    memory_bans,
     memory_policies,
     memory_lists,
     memory_locks,
