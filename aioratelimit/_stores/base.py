@@ -204,3 +204,16 @@ def _fix(message: str) -> str:
         if part.lower() in message.lower():
             return f" (fix: {fix})"
     return ""
+
+
+def server_refusal(exc: BaseException) -> redis_errors.RedisError | None:
+    """The server's refusal (an error reply, or a refused AUTH: redis-py raises that as a
+    connection error) behind ``exc``, if one is in its chain."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, (redis_errors.ResponseError, redis_errors.AuthenticationError)):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None

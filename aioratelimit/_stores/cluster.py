@@ -49,7 +49,7 @@ from redis.crc import key_slot
 from .._aio import Gate, Keeper
 from .._errors import AioRateLimitError
 from .._scripts import BATCH_CLUSTER, Arg, OnCall, Reply, Script
-from .base import DEFAULT_CONNECT_TIMEOUT, observed, translate
+from .base import DEFAULT_CONNECT_TIMEOUT, observed, server_refusal, translate
 from .batch import Batcher
 from .cluster_pubsub import ShardedPubSub
 from .confirm import ConfirmPools, Replicas
@@ -179,8 +179,7 @@ class ClusterStore:
         # passed in, whose own routing runs every call.
         self._nodes = nodes
         self._links: dict[Address, Link] = {}
-        # Per master, its decisions batched (``_stores.batch``), keys of several of its
-        # slots in one call (``BATCH_CLUSTER``).
+        # Per master, its decisions batched (``_stores.batch``; ``BATCH_CLUSTER``).
         self._batch = batch
         self._batchers: dict[Address, Batcher] = {}
         self._confirms = ConfirmPools(nodes, timeout=timeout, connect_timeout=connect_timeout)
@@ -409,7 +408,7 @@ class ClusterStore:
                     # A refusal under the "no node answered" (an ACL user that may not
                     # run CLUSTER SLOTS, a wrong password) is a configuration error: say
                     # so, not "down".
-                    refusal = _refusal(exc)
+                    refusal = server_refusal(exc)
                     if refusal is not None:
                         raise translate(refusal) from exc
                     raise
@@ -469,16 +468,3 @@ class ClusterStore:
             await keeper.aclose()  # it closes the node connections
         elif self._owned:
             await self._disconnect()
-
-
-def _refusal(exc: BaseException) -> redis_errors.RedisError | None:
-    """The server's refusal (an error reply, or a refused AUTH: redis-py raises that as a
-    connection error) behind ``exc``, if one is in its chain."""
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, (redis_errors.ResponseError, redis_errors.AuthenticationError)):
-            return cause
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    return None

@@ -69,7 +69,7 @@ from aioratelimit._idempotency.store import Claimed, IdempotencyStore, _fingerpr
 from aioratelimit._idempotency.tokens import _subject
 from aioratelimit._locks import leader as _leader
 from aioratelimit._locks import rwlock as _rwlock
-from aioratelimit._scripts import HELPERS, PREAMBLES, SCRIPTS, WRAPPERS, Arg, Reply, Script
+from aioratelimit._scripts import BATCH, HELPERS, PREAMBLES, SCRIPTS, WRAPPERS, Arg, Reply, Script
 from aioratelimit._stores.memory.keyspace import Keyspace, expired
 from aioratelimit._stores.memory.locks import PRUNE_MAX
 from aioratelimit._stores.memory.store import MemoryStore, twins
@@ -1593,7 +1593,13 @@ def test_every_lua_file_is_a_script_or_a_helper() -> None:
     files = {path.stem for path in LUA.glob("*.lua")}
     variants = {name for name in SCRIPTS if name.endswith("_policy")}
     banned = {name for name in SCRIPTS if name.endswith("_ban")}
-    assert files == set(SCRIPTS) - variants - banned | set(HELPERS) | set(PREAMBLES) | set(WRAPPERS)
+    batch = {"batch_head", "batch"}  # read into BATCH (tests/stores/test_batch_oracle.py)
+    assert (
+        files
+        == set(SCRIPTS) - variants - banned | set(HELPERS) | set(PREAMBLES) | set(WRAPPERS) | batch
+    )
+    assert BATCH.source.startswith(lua_file("batch_head"))
+    assert BATCH.source.endswith(lua_file("batch"))
     for name in banned:  # a whole script as the body of a function, then the wrapper
         body = SCRIPTS[name.removesuffix("_ban")].source
         wrapped = f"local function ban_decide()\n{body}\nend\n{lua_file('ban_common')}"
