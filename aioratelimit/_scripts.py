@@ -311,7 +311,8 @@ SCRIPTS: dict[str, Script] = {s.name: s for s in list(globals().values()) if isi
 #: (an error ends its own decision, never half-written past what it would be alone), and
 #: it never writes to its KEYS or ARGV (the decisions of a group share one ARGV table).
 #: The limiters with ``policies=`` are not here: their preamble (``policy_stamp``) takes
-#: its own arguments off ARGV. Their ids in a batch are their places here, from 1.
+#: its own arguments off ARGV. Their ids in a batch are their places here, from 1; the
+#: limiters come first (``batch.lua`` hands the first three their numbers as numbers).
 BATCHED: tuple[Script, ...] = (
     FIXED_WINDOW,
     SLIDING_WINDOW,

@@ -19,6 +19,10 @@
 --   does not add up (an id unknown, the counts not matching KEYS and ARGV).
 --
 -- Bounded: the client sends at most BATCH_MAX decisions per call (_stores/batch.py).
+--
+-- The limiters' scripts are the first LIMITERS ids (_scripts.BATCHED): their arguments
+-- reach them as numbers where they are numbers (see below).
+local LIMITERS = 3
 local nargv, nkeys = #ARGV, #KEYS
 local a, k = 1, 0
 while a <= nargv do
@@ -39,8 +43,24 @@ while a <= nargv do
   local id, nk, na, m = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
     tonumber(ARGV[a + 3])
   local decide, argv = decisions[id], {}
-  for i = 1, na do
-    argv[i] = ARGV[a + 3 + i]
+  if id <= LIMITERS then
+    -- A limiter's arguments are numbers (and calendar bounds, 'start,end,next'), each
+    -- read by tonumber in every decision: converted here once for the group, where the
+    -- number's own form is the string sent (so a redis.call passed it sends the same),
+    -- they cost each decision no string parsing (4 x about 1,800 instructions, callgrind).
+    for i = 1, na do
+      local arg = ARGV[a + 3 + i]
+      local number = tonumber(arg)
+      if number and tostring(number) == arg then
+        argv[i] = number
+      else
+        argv[i] = arg
+      end
+    end
+  else
+    for i = 1, na do
+      argv[i] = ARGV[a + 3 + i]
+    end
   end
   a = a + 4 + na
   for _ = 1, m do

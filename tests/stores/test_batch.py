@@ -207,5 +207,11 @@ def test_a_batched_script_keeps_the_contract(script: _scripts.Script) -> None:
     assert not re.search(r"\b(KEYS|ARGV)\[[^]]*\]\s*=[^=]", code)
     assert not re.search(r"table\.(insert|remove)\(\s*(KEYS|ARGV)", code)
     assert len(re.findall(r"""['"]TIME['"]""", code)) == code.count("redis.call('TIME')")
+    # batch.lua hands the first three (LIMITERS) their numeric arguments as numbers.
+    assert [s.name for s in _scripts.BATCHED[:3]] == [
+        "fixed_window",
+        "sliding_window",
+        "token_bucket",
+    ]
     batch = "\n".join(line.split("--", 1)[0] for line in _scripts.BATCH.source.splitlines())
     assert batch.count("redis.call('TIME')") == 1  # batch_head's
