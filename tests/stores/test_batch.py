@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import redis
+from support.pace import until
 from support.servers import RedisServer
 
 import aioratelimit as arl
@@ -71,6 +72,39 @@ async def test_distinct_keys_in_one_crowd_each_count_once(backend: arl.Backend, 
     assert all(d.allowed for d in first)
     peeks = await asyncio.gather(*(limiter.peek(k) for k in keys))
     assert [p.remaining for p in peeks] == [2] * 50  # (a peek: what one more would leave)
+
+
+async def test_shadow_mode_the_deny_cache_and_waiting_decide_a_crowd_as_before(
+    backend: arl.Backend, key: str
+) -> None:
+    """A crowd on a shadow limiter is all let through, the ones past the limit marked
+    ``shadow_denied``; a crowd on a denied key with a deny cache is refused from it; a
+    crowd that waits is admitted ``limit`` at most per window, the rest when a window lets
+    them (a 200 ms window)."""
+    shadow = arl.FixedWindow("10/minute", shadow=True, backend=backend)
+    crowd = await asyncio.gather(*(shadow.hit(key) for _ in range(25)))
+    assert all(d.allowed for d in crowd)
+    assert sum(d.shadow_denied for d in crowd) == 15
+
+    cached = arl.FixedWindow("5/minute", deny_cache=100, backend=backend)
+    first = await asyncio.gather(*(cached.hit(f"{key}-c") for _ in range(8)))
+    assert sum(d.allowed for d in first) == 5
+
+    async def cached_crowd() -> bool:  # (once the cache trusts a denial: its subscription)
+        again = await asyncio.gather(*(cached.hit(f"{key}-c") for _ in range(8)))
+        assert not any(d.allowed for d in again)
+        return all(d.source == "cache" for d in again)
+
+    await until(cached_crowd, what="a crowd refused from the deny cache")
+
+    waiting = arl.FixedWindow("4/200ms", backend=backend)
+    admitted = await asyncio.gather(
+        *(waiting.acquire(f"{key}-w", wait=True, timeout=10) for _ in range(8))
+    )
+    assert all(d.allowed for d in admitted)
+    lefts = [d.remaining for d in admitted]
+    assert set(lefts) == {0, 1, 2, 3}  # the first window taken whole, the rest later
+    assert lefts.count(0) <= 2 and lefts.count(3) >= 2
 
 
 # -- on a server: how many calls, errors, NOSCRIPT, refusals, cancellation ------------------
