@@ -157,12 +157,21 @@ Step = Callable[[int], Awaitable[None]]
 class Cases:
     """The timed operations: ours, ``limits``' and their keys."""
 
-    def __init__(self, prefix: str, backend: arl.Backend, storage: Any, meter: h.CpuMeter) -> None:
+    def __init__(
+        self,
+        prefix: str,
+        backend: arl.Backend,
+        storage: Any,
+        meter: h.CpuMeter,
+        unbatched: arl.Backend | None = None,
+    ) -> None:
         from limits import RateLimitItemPerHour
 
         self.prefix, self.item = prefix, RateLimitItemPerHour(1_000_000_000)
         self.meter = meter
         self.ours = {name: limiter(name, backend) for name in LIMITERS}
+        #: the same limiters on a backend made with batch=False (None: no such option)
+        self.off = {n: limiter(n, unbatched) for n in LIMITERS} if unbatched is not None else {}
         self.deny = {name: limiter(name, backend, DENY_RATE) for name in LIMITERS}
         self.peers = {p: h.limits_strategy(p, storage) for p in PEERS.values()}
 
@@ -202,7 +211,7 @@ async def crowd(op: h.Op, n: int, meter: h.CpuMeter | None, seconds: list[float]
 
 
 async def repetition(
-    lab: h.Lab, cases: Cases, cluster_fw: Any, sha: str, rep: int, run: Run
+    lab: h.Lab, cases: Cases, cluster_fw: Any, cluster_off: Any, sha: str, rep: int, run: Run
 ) -> None:
     """Every condition, in ``ROUNDS`` rounds of a share of its decisions each, the order
     of the conditions rotating from round to round (and repetition to repetition): what
@@ -268,6 +277,12 @@ async def repetition(
         steps.append(ours(f"{name}|hot", hit, f"h{name}", distinct=False))
         steps.append(ours(f"{name}|deny", cases.deny[name].hit, f"d{name}", distinct=False))
         steps.append(cases.peer(f"limits {PEERS[name]}|c64", PEERS[name], rep, add, seconds))
+        if name in cases.off:  # the same, each decision its own script call
+            off = cases.off[name].hit
+            steps.append(ours(f"{name}|c64 off", off, f"o{name}"))
+            steps.append(ours(f"{name}|hot off", off, f"oh{name}", distinct=False))
+    if cluster_off is not None:
+        steps.append(ours("cluster FixedWindow|c64 off", cluster_off.hit, "clo", meter=cmeter))
     for round_ in range(ROUNDS):
         first = (rep * ROUNDS + round_) % len(steps)
         for step in steps[first:] + steps[:first]:
@@ -289,12 +304,16 @@ ROWS = [
             ("64 tasks, one hot key", "hot"),
             ("64 tasks, one hot key, denial-heavy", "deny"),
             ("sequential", "seq"),
+            ("64 tasks, distinct keys, `batch=False`", "c64 off"),
+            ("64 tasks, one hot key, `batch=False`", "hot off"),
         )
     ),
     *((f"limits {p}, 64 tasks, distinct keys", f"limits {p}|c64") for p in PEERS.values()),
     ("cluster: C `--cluster -c 50 -P 1`, minimal script", "C --cluster"),
     ("cluster: ours FixedWindow, 64 tasks, distinct keys", "cluster FixedWindow|c64"),
-]
+    ("cluster: ours FixedWindow, 64 tasks, distinct keys, `batch=False`",
+     "cluster FixedWindow|c64 off"),
+]  # fmt: skip
 
 #: (figure, kind, ours, reference, goal): ``cpu`` ratios want at most the goal, ``speed``
 #: ratios at least.
@@ -318,6 +337,8 @@ def report(run: Run) -> None:
     reps = run.reps
     rows = []
     for label, key in ROWS:
+        if key not in run.reps:  # (batch=False rows, where the option does not exist)
+            continue
         p50, p99 = run.p(key)
         rows.append([label, reps.rate(key), p50, p99, reps.client(key), reps.server(key)])
     h.print_table(
@@ -327,14 +348,18 @@ def report(run: Run) -> None:
     )
     goals = []
     for figure, kind, ours, base, goal in GOALS:
-        if kind == "cpu":
-            value, met = run.cpu_ratio(ours, base), "≤"
-            ok = value <= goal
-        else:
-            value, met = run.speed_ratio(ours, base), "≥"
-            ok = value >= goal
-        goals.append([figure, h.ratio(value), f"{met} {goal:g}", "yes" if ok else "no"])
-    h.print_table("Goals: ratios of the rows above", ["figure", "today", "goal", "met"], goals)
+        ratio = run.cpu_ratio if kind == "cpu" else run.speed_ratio
+        value = ratio(ours, base)
+        ok = value <= goal if kind == "cpu" else value >= goal
+        off = f"{ours} off"
+        before = h.ratio(ratio(off, base)) if off in run.reps else "-"
+        met = "≤" if kind == "cpu" else "≥"
+        goals.append([figure, before, h.ratio(value), f"{met} {goal:g}", "yes" if ok else "no"])
+    h.print_table(
+        "Goals: ratios of the rows above",
+        ["figure", "`batch=False`", "today", "goal", "met"],
+        goals,
+    )
     h.print_notes(
         f"Each repetition runs every condition in {ROUNDS} rounds, the order of the"
         f" conditions rotating every round: a crowd is {CROWD_N} decisions by {TASKS} tasks a"
@@ -356,27 +381,36 @@ async def main(lab: h.Lab) -> None:
     assert lab.cluster is not None
     backend = h.our_backend(lab.url, lab.prefix, **BATCH)
     clustered = h.our_backend(lab.cluster.url, lab.prefix, **BATCH)
+    # Side by side: the same on backends made with batch=False, where the option exists
+    # (and ARL_BATCH does not pick one already).
+    split = not BATCH and "batch" in inspect.signature(arl.Backend.from_url).parameters
+    unbatched = h.our_backend(lab.url, lab.prefix, batch=False) if split else None
+    cluster_off = h.our_backend(lab.cluster.url, lab.prefix, batch=False) if split else None
     storage = h.limits_storage(lab.url, "redispy", f"{lab.prefix}:L")
     try:
         sha = ""
         for server in (lab.redis, *lab.cluster.nodes):
             with server.client() as client:
                 sha = str(client.script_load(h.FLOOR_LUA))
-        cases = Cases(lab.prefix, backend, storage, lab.meter)
+        cases = Cases(lab.prefix, backend, storage, lab.meter, unbatched)
         cluster_fw = limiter("FixedWindow", clustered)
+        cluster_unbatched = limiter("FixedWindow", cluster_off) if cluster_off else None
         # Warm-up: every script loaded, every connection open.
-        warm = [cluster_fw.hit, *(lim.hit for lim in cases.ours.values())]
+        warm = [cluster_fw.hit, *(lim.hit for lim in [*cases.ours.values(), *cases.off.values()])]
+        if cluster_unbatched is not None:
+            warm.append(cluster_unbatched.hit)
         await h.fan_out(lambda i: warm[i % len(warm)](f"warm:{i}"), TASKS, 8)(0)
         for name, strategy in cases.peers.items():  # limits' keys do not say the strategy
             await strategy.hit(cases.item, f"warm{name}")
         run = Run()
         for rep in range(h.REPS):
-            await repetition(lab, cases, cluster_fw, sha, rep, run)
+            await repetition(lab, cases, cluster_fw, cluster_unbatched, sha, rep, run)
             h.progress(f"rep {rep + 1}/{h.REPS} done")
         report(run)
     finally:
-        await backend.aclose()
-        await clustered.aclose()
+        for opened in (backend, clustered, unbatched, cluster_off):
+            if opened is not None:
+                await opened.aclose()
         await h.close_limits(storage)
 
 
