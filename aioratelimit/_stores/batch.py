@@ -126,13 +126,25 @@ class Batcher:
         if len(batch) == 1:  # a batch of one is a call of its own
             self._alone(wire, batch[0])
             return
+        self._send(wire, batch, groups, retried=False)
+
+    def _send(
+        self,
+        wire: Wire,
+        batch: list[_Decision],
+        groups: list[tuple[int, int, Sequence[Arg], list[Sequence[str]]]],
+        *,
+        retried: bool,
+    ) -> None:
+        """The batch call: by EVALSHA, or (``retried``, after NOSCRIPT) by EVAL."""
+        head = self._head.eval_head if retried else self._head.evalsha_head
         try:
-            reply = wire.send(pack_batch(self._head.evalsha_head, groups))
+            reply = wire.send(pack_batch(head, groups))
         except ConnectionError as exc:
             _fail(batch, exc)
             return
         reply.add_done_callback(
-            lambda done: self._answered(wire, batch, groups, done, retried=False)
+            lambda done: self._answered(wire, batch, groups, done, retried=retried)
         )
 
     def _answered(
@@ -162,14 +174,7 @@ class Batcher:
             return
         # An error for the whole call: no decision ran (see the module).
         if str(replies).startswith("NOSCRIPT") and not retried:
-            try:
-                again = wire.send(pack_batch(self._head.eval_head, groups))
-            except ConnectionError as exc:
-                _fail(batch, exc)
-                return
-            again.add_done_callback(
-                lambda done: self._answered(wire, batch, groups, done, retried=True)
-            )
+            self._send(wire, batch, groups, retried=True)
             return
         self._unbatched(wire, batch, replies)
 
