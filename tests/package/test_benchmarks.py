@@ -111,6 +111,7 @@ SERVER_CPU_ROWS = {
     "bench_settle": ["FixedWindow hit", "FixedWindow settle", "TokenBucket reserve + settle"],
     "bench_replicas": ["plain", "replicas=1"],
     "bench_web": ["RateLimitMiddleware, Redis"],
+    "bench_lone": ["C", "raw", "ours"],
 }
 
 
