@@ -1,13 +1,12 @@
 """The wire: one multiplexed, auto-pipelined connection to one Redis server.
 
-Every caller's script goes out on the same socket. A command is written at once when none
-went out alone since the last reply was read (a lone caller waits for nobody); one issued
-after such a command, before any reply, opens a batch that the rest of the event-loop
-iteration joins, written in chunks of ``CHUNK`` (the last when the iteration ends), so 64
-concurrent callers cost three ``send`` calls, not 64, and the server works on a chunk while
-the next is built. Replies come back in order and are matched to their callers by a FIFO of
-writes (each with its callers' futures, in order); hiredis parses them straight from the
-socket's data.
+Every caller's script goes out on the same socket. A command is written at once, alone,
+unless one went out alone since the last read or batch (a lone caller waits for nobody);
+then it opens a batch that the rest of its event-loop iteration joins, written in chunks
+of ``CHUNK`` (the last when the iteration ends), so 64 concurrent callers cost three
+``send`` calls, not 64, and the server works on a chunk while the next is built. Replies
+come back in order and are matched to their callers by a FIFO of writes (each with its
+callers' futures, in order); hiredis parses them straight from the socket's data.
 
 What a caller may rely on:
 
