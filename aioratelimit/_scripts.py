@@ -57,7 +57,7 @@ OnCall = Callable[[ScriptCall], None]
 @dataclass(frozen=True, slots=True)
 class Script:
     """One Lua file: its name (the file stem), source and SHA1, and the first two RESP
-    arguments of its EVALSHA and of its EVAL, packed once (``_stores.wire.pack``).
+    arguments of its EVALSHA and of its EVAL, packed once (``_stores.resp.pack``).
 
     ``repeatable``: running it twice with the same arguments does what running it once
     does, and its reply says so (a release that leaves a tombstone): the one kind of

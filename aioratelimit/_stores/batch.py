@@ -42,7 +42,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._scripts import BATCH_IDS, Arg, Reply, Script
-from .wire import _SIZES, ReplyError, Wire, _bulk, _packed_args, pack
+from .resp import pack, pack_batch
+from .wire import ReplyError, Wire
 
 log = logging.getLogger("aioratelimit")
 
@@ -139,7 +140,7 @@ class Batcher:
         """The batch call: by EVALSHA, or (``retried``, after NOSCRIPT) by EVAL."""
         head = self._head.eval_head if retried else self._head.evalsha_head
         try:
-            reply = wire.send(pack_batch(head, groups))
+            reply = wire.send_now(pack_batch(head, groups))
         except ConnectionError as exc:
             _fail(batch, exc)
             return
@@ -232,30 +233,3 @@ def _fail(batch: list[_Decision], error: BaseException) -> None:
     for _, _, _, waiter in batch:
         if not waiter.done():  # each its own copy: raised in many tasks at once
             waiter.set_exception(type(error)(*error.args))
-
-
-def pack_batch(
-    head: bytes, groups: Sequence[tuple[int, int, Sequence[Arg], Sequence[Sequence[str]]]]
-) -> bytes:
-    """``lua/batch.lua``'s call in RESP (``head``: its ``evalsha_head`` or ``eval_head``):
-    every decision's keys, then per group its id, key count, argument count, decision
-    count and arguments (a group: one script's calls with the same arguments, each on its
-    keys). The group's arguments go through ``_packed_args``: a limiter's constant
-    arguments cost a lookup here as they do in ``pack``."""
-    keys: list[bytes] = []
-    args: list[bytes] = []
-    nkeys = nargs = 0
-    for ident, nk, group_args, calls in groups:
-        for call_keys in calls:
-            for key in call_keys:
-                data = key.encode()
-                size = len(data)
-                keys.append(_SIZES[size] if size < 512 else b"$%d\r\n" % size)
-                keys.append(data)
-                keys.append(b"\r\n")
-        nkeys += nk * len(calls)
-        nargs += 4 + len(group_args)
-        args.append(_packed_args((ident, nk, len(group_args), len(calls))))
-        args.append(_packed_args(group_args))
-    n = 3 + nkeys + nargs
-    return b"".join([b"*%d\r\n" % n, head, _bulk(nkeys), *keys, *args])

@@ -56,8 +56,9 @@ from .confirm import ConfirmPools, Replicas
 from .endpoint import Endpoint, endpoint, tls_options
 from .loops import check_free
 from .notify import Notifier
+from .resp import pack, pack_command
 from .urls import Address, parse_hosts, tls_query
-from .wire import Link, ReplyError, pack, pack_command
+from .wire import Link, ReplyError
 
 log = logging.getLogger("aioratelimit")
 

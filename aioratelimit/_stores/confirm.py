@@ -30,7 +30,8 @@ from .._args import check_int, check_seconds, to_ms
 from .._errors import BackendError, BackendUnavailable, NotReplicated
 from .._scripts import Arg, Reply, Script
 from .endpoint import Endpoint
-from .wire import ReplyError, Wire, connect, pack, pack_command
+from .resp import pack, pack_command
+from .wire import ReplyError, Wire, connect
 
 #: The connections of one endpoint's pool for confirmed writes (each carries one write
 #: and its WAIT at a time). A write past them waits for one, within the backend's timeout.

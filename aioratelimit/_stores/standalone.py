@@ -45,7 +45,8 @@ from .endpoint import Endpoint, check_server, endpoint
 from .loops import check_free
 from .notify import Notifier
 from .pubsub import DedicatedPubSub
-from .wire import Link, ReplyError, pack
+from .resp import pack
+from .wire import Link, ReplyError
 
 _running_loop = asyncio.get_running_loop
 

@@ -1,12 +1,12 @@
 """The wire: one multiplexed, auto-pipelined connection to one Redis server.
 
-Every caller's script goes out on the same socket. The first command of an event-loop
-iteration is written at once (a lone caller waits for nobody); the commands issued during
-the rest of that iteration are joined and written in chunks of ``CHUNK`` (the last when it
-ends), so 64 concurrent callers cost three ``send`` calls, not 64, and the server works on a
-chunk while the next is built. Replies come back in order and are matched
-to their callers by a FIFO of writes (each with its callers' futures, in order); hiredis
-parses them straight from the socket's data.
+Every caller's script goes out on the same socket. A command is written at once, alone,
+unless one went out alone since the last read or batch (a lone caller waits for nobody);
+then it opens a batch that the rest of its event-loop iteration joins, written in chunks
+of ``CHUNK`` (the last when the iteration ends), so 64 concurrent callers cost three
+``send`` calls, not 64, and the server works on a chunk while the next is built. Replies
+come back in order and are matched to their callers by a FIFO of writes (each with its
+callers' futures, in order); hiredis parses them straight from the socket's data.
 
 What a caller may rely on:
 
@@ -38,13 +38,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import hiredis
 
-from .._scripts import Arg
 from .endpoint import Endpoint
+from .resp import pack_command
 
 ReplyError = hiredis.ReplyError
 
@@ -54,78 +54,6 @@ ReplyError = hiredis.ReplyError
 #: instead of in turn. 1.4x the decisions/s at 64 concurrent callers and 1.7x at 256,
 #: measured side by side (docs/performance.md); a crowd of 16 to 48 does as well.
 CHUNK = 32
-
-
-#: RESP of the integer arguments seen so far: a script's are nearly all constants (a
-#: limiter's cost, limit and window; numkeys), and a lookup costs a third of the formatting.
-_INTS: dict[int, bytes] = {}
-_INTS_MAX = 4096
-
-
-def _bulk(arg: Arg) -> bytes:
-    """One argument as a RESP bulk string, encoded as redis-py's default encoder does."""
-    if type(arg) is str:
-        data = arg.encode()
-    elif type(arg) is int:
-        packed = _INTS.get(arg)
-        if packed is None:
-            packed = b"$%d\r\n%d\r\n" % (len(b"%d" % arg), arg)
-            if len(_INTS) < _INTS_MAX:
-                _INTS[arg] = packed
-        return packed
-    elif type(arg) is bytes:
-        data = arg
-    else:
-        raise TypeError(f"a script argument must be str, int or bytes, not {type(arg).__name__}")
-    return b"$%d\r\n%b\r\n" % (len(data), data)
-
-
-#: RESP of whole argument tuples made of ints only, seen so far: a limiter sends the same
-#: (cost, mode, limits, windows) on nearly every call, and one lookup instead of a
-#: ``_bulk`` per argument is about 1 µs less client CPU per decision (of about 11 at 64
-#: concurrent callers). Only the library builds these tuples (never a bool or a float in
-#: them, which would compare equal to an int here).
-_ARGS: dict[tuple[Arg, ...], bytes] = {}
-_ARGS_MAX = 4096
-
-
-def _packed_args(args: Sequence[Arg]) -> bytes:
-    if type(args) is tuple:
-        packed = _ARGS.get(args)
-        if packed is not None:
-            return packed
-    packed = b"".join(map(_bulk, args))
-    if type(args) is tuple and len(_ARGS) < _ARGS_MAX and all(type(arg) is int for arg in args):
-        _ARGS[args] = packed
-    return packed
-
-
-#: RESP headers of the sizes a script call has, formatted once: ``bytes`` ``%`` formatting is
-#: the slowest step of packing, and these per call (the array, the key's length) cost about
-#: 0.4 µs of pack's 1.05 (timed side by side; 4 % of a decision's client CPU at 64 tasks).
-#: (The key count is an int argument: ``_bulk`` has it from ``_INTS``.)
-_ARRAYS = [b"*%d\r\n" % n for n in range(64)]
-_SIZES = [b"$%d\r\n" % n for n in range(512)]
-
-
-def pack(head: bytes, keys: Sequence[str], args: Sequence[Arg]) -> bytes:
-    """``<command> <sha or source> <numkeys> keys... args...`` in RESP, ``head`` being the
-    packed command and script (``Script.evalsha_head`` or ``Script.eval_head``)."""
-    n = 3 + len(keys) + len(args)
-    parts = [_ARRAYS[n] if n < 64 else b"*%d\r\n" % n, head, _bulk(len(keys))]
-    for key in keys:  # always str (``_keys``): no type test
-        data = key.encode()
-        size = len(data)
-        parts.append(_SIZES[size] if size < 512 else b"$%d\r\n" % size)
-        parts.append(data)
-        parts.append(b"\r\n")
-    parts.append(_packed_args(args))
-    return b"".join(parts)
-
-
-def pack_command(*parts: Arg) -> bytes:
-    """Any command in RESP (the handshake's, ASKING)."""
-    return b"*%d\r\n%b" % (len(parts), b"".join(map(_bulk, parts)))
 
 
 #: What the FIFO holds per write: the futures of its callers' replies, in order (the
@@ -149,10 +77,16 @@ class Wire(asyncio.Protocol):
         self._replies: list[Any] = []
         self._tag_head = b"arl-%s:" % secrets.token_hex(8).encode()
         self._tags = 0
-        # The commands of this iteration not written yet (None: the next is written at
-        # once), and their callers.
+        # The commands of this iteration not written yet (None: no batch open), and their
+        # callers.
         self._batch: list[bytes] | None = None
         self._callers: list[asyncio.Future[Any]] = []
+        # A command went out alone since the last read (or the last batch written): the
+        # next one opens a batch. A read or a flush always comes in a later loop iteration
+        # than the write before it, so this tells "the first of an iteration" as a flush
+        # scheduled per lone write did, without scheduling one: a lone caller's call no
+        # longer pays a loop callback (see ``send``).
+        self._wrote = False
         self._timer: asyncio.TimerHandle | None = None
         self._transport: asyncio.Transport | None = None
         #: why the connection is closed (None while it is open)
@@ -168,6 +102,7 @@ class Wire(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        self._wrote = False
         reader = self._reader
         reader.feed(data)
         pending = self._pending
@@ -205,8 +140,7 @@ class Wire(asyncio.Protocol):
 
     @property
     def idle(self) -> bool:
-        """Nothing in flight: no reply owed, nothing batched (``_stores.batch`` writes a
-        decision alone then)."""
+        """Nothing in flight: no reply owed, nothing batched."""
         return not self._pending and not self._callers
 
     @property
@@ -224,6 +158,10 @@ class Wire(asyncio.Protocol):
             raise ConnectionError(str(self.error))
         waiter = self._loop.create_future()
         batch = self._batch
+        if batch is None and self._wrote:
+            # A second command before any reply: the rest of this iteration joins it.
+            batch = self._batch = []
+            self._loop.call_soon(self._flush)
         callers = self._callers if batch is not None else []
         if preface is not None:
             ok = self._loop.create_future()
@@ -232,14 +170,23 @@ class Wire(asyncio.Protocol):
             data = preface + data
         callers.append(waiter)
         if batch is None:
+            # Written alone, at once: no flush scheduled (a loop callback per call before):
+            # 1.9 µs less CPU per sequential decision on asyncio's loop, 0.3 on uvloop's.
             assert self._transport is not None
             self._transport.write(data + self._tag(callers))
-            self._batch = []
-            self._loop.call_soon(self._flush)
+            self._wrote = True
         else:
             batch.append(data)
             if len(batch) >= CHUNK:
                 self._write_batch()
+        return waiter
+
+    def send_now(self, data: bytes) -> asyncio.Future[Any]:
+        """``send``, written at once with what this iteration batched before it, not one
+        loop iteration later (``_stores.batch``'s call, made at the iteration's end)."""
+        waiter = self.send(data)
+        if self._batch:
+            self._write_batch()
         return waiter
 
     def send_together(self, commands: list[bytes]) -> list[asyncio.Future[Any]]:
@@ -276,6 +223,7 @@ class Wire(asyncio.Protocol):
 
     def _flush(self) -> None:
         batch, self._batch = self._batch, None
+        self._wrote = False
         if batch and self.error is None and self._transport is not None:
             batch.append(self._tag(self._callers))
             self._callers = []

@@ -119,6 +119,7 @@ SERVER_CPU_ROWS = {
         "limits SlidingWindowCounter, 64 tasks, distinct keys",
         "cluster: ours FixedWindow, 64 tasks, distinct keys",
     ],
+    "bench_lone": ["C", "raw", "ours"],
 }
 #: The benchmarks that start a cluster too.
 CLUSTERED = {"bench_cluster", "bench_server"}

@@ -17,11 +17,12 @@ from typing import cast
 import pytest
 from redis.asyncio.connection import Connection
 from support import loops
+from support.faultproxy import FaultProxy
 from support.servers import RedisServer
 
 import aioratelimit as arl
 from aioratelimit._scripts import Arg, script
-from aioratelimit._stores.wire import pack
+from aioratelimit._stores.resp import pack
 
 #: Echoes its key and arguments: a reply that reached the wrong call would show it.
 ECHO = script("test_echo", "return {KEYS[1], ARGV[1]}")
@@ -179,6 +180,61 @@ async def test_a_crowd_shares_one_connection_and_its_writes(
             assert _clients(own_redis, "crowd") == 1
     finally:
         inspector.close()
+
+
+async def test_a_lone_caller_writes_each_call_at_once_and_schedules_nothing(
+    own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sequential calls: each is one write of its own, written at once, and none leaves a
+    batch to flush at the end of its loop iteration (no callback per call)."""
+    from aioratelimit._stores.wire import Wire
+
+    made, flush = Wire.connection_made, Wire._flush
+    flushes = 0
+
+    def counted(self: Wire) -> None:
+        nonlocal flushes
+        flushes += 1
+        flush(self)
+
+    monkeypatch.setattr(Wire, "connection_made", lambda self, t: made(self, _CountingTransport(t)))
+    monkeypatch.setattr(Wire, "_flush", counted)
+    async with arl.Backend.from_url(own_redis.url) as backend:
+        await backend._run(ECHO, ["warm"], ["0"])
+        _CountingTransport.writes, flushes = 0, 0
+        for i in range(50):
+            assert await backend._run(ECHO, [f"k{i}"], [str(i)]) == [f"k{i}".encode(), b"%d" % i]
+        assert (_CountingTransport.writes, flushes) == (50, 0)
+
+
+async def test_a_call_made_before_any_reply_came_opens_a_batch(
+    own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call made in a later loop iteration than a call written alone, before any reply
+    came, opens a batch (written when its iteration ends) that later calls of that
+    iteration join; every caller gets its own reply, and once replies are read the next
+    call goes alone again."""
+    from aioratelimit._stores.wire import Wire
+
+    made = Wire.connection_made
+    monkeypatch.setattr(Wire, "connection_made", lambda self, t: made(self, _CountingTransport(t)))
+    with FaultProxy(own_redis.port) as proxy:
+        async with arl.Backend.from_url(proxy.url) as backend:
+            await backend._run(ECHO, ["warm"], ["0"])
+            _CountingTransport.writes = 0
+            proxy.stall()  # no reply comes back until it passes again
+            first = asyncio.ensure_future(backend._run(ECHO, ["k"], ["first"]))
+            await asyncio.sleep(0)  # the first call is written, alone
+            assert _CountingTransport.writes == 1
+            later = [asyncio.ensure_future(backend._run(ECHO, ["k"], [str(i)])) for i in range(3)]
+            await asyncio.sleep(0)  # the three open a batch and join it...
+            await asyncio.sleep(0)  # ...written in one write once their iteration ended
+            assert _CountingTransport.writes == 2
+            proxy.passthrough()
+            replies = await asyncio.gather(first, *later)
+            assert replies == [[b"k", b"first"], *([b"k", b"%d" % i] for i in range(3))]
+            assert await backend._run(ECHO, ["k"], ["next"]) == [b"k", b"next"]
+            assert _CountingTransport.writes == 3
 
 
 async def test_cancelled_callers_never_cost_the_shared_connection(own_redis: RedisServer) -> None:
