@@ -180,8 +180,7 @@ class ClusterStore:
         # passed in, whose own routing runs every call.
         self._nodes = nodes
         self._links: dict[Address, Link] = {}
-        # Per master, its decisions batched (``_stores.batch``; ``BATCH_CLUSTER``).
-        self._batch = batch
+        self._batch = batch  # a Batcher per master (``_stores.batch``; ``BATCH_CLUSTER``)
         self._batchers: dict[Address, Batcher] = {}
         self._confirms = ConfirmPools(nodes, timeout=timeout, connect_timeout=connect_timeout)
         #: why ``replicas=`` is refused here: a client passed in routes every call itself
