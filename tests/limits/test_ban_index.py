@@ -58,9 +58,7 @@ async def test_unban_and_reset_take_a_key_off(backend: arl.Backend, key: str) ->
     assert [entry.key for entry in await limiter.bans()] == [f"{key}/c"]
 
 
-async def test_block_lists_a_key_and_an_ended_one_drops_out(
-    backend: arl.Backend, key: str
-) -> None:
+async def test_block_lists_a_key_and_an_ended_one_drops_out(backend: arl.Backend, key: str) -> None:
     """``block`` on a blockable limiter lists the key for the block it answers (a longer
     block in place: that one); a block that ends leaves the list by itself."""
     limiter = arl.SlidingWindow("5/minute", backend=backend, name=f"idx-{key}", blockable=True)
@@ -99,8 +97,8 @@ async def test_a_failed_index_write_leaves_the_decision_as_it_is(
 ) -> None:
     """An index write that fails (here: the index key holds a string) is logged at debug;
     the hit that issued the ban answers it, and ``drain`` raises nothing."""
-    limiter = arl.TokenBucket("1/minute", backend=backend, name=f"idx-{key}",
-                              ban=arl.Ban(after=1, within=60, first=30))  # fmt: skip
+    rule = arl.Ban(after=1, within=60, first=30)
+    limiter = arl.TokenBucket("1/minute", backend=backend, name=f"idx-{key}", ban=rule)
     index, _ = _keys.ban_index(backend._head(limiter._kind, limiter.name))
     await backend._run(_scripts.LIMITER_BLOCK, [index], (60_000_000,))  # a string there
     with caplog.at_level(logging.DEBUG, logger="aioratelimit"):
