@@ -36,8 +36,9 @@ log = logging.getLogger("aioratelimit")
 MAX_BAN = 365 * 86400.0
 MAX_FACTOR = 100.0
 #: The most keys a limiter's ban index lists: a ban issued while it lists that many live
-#: ones is not listed (the ban holds). Each write reads the index whole, expired entries
-#: dropped (about 0.3 ms of the server's time at this size, once per ban).
+#: ones is not listed (the ban holds). Each write reads the index whole, dropping expired
+#: entries: 0.45 ms of the server's time per ban at this size, 4.2 ms at 10,000, 0.02 ms
+#: empty (``list_add`` on a local Redis 7, the server's own commandstats).
 MAX_LISTED = 1000
 
 
