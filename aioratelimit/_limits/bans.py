@@ -15,6 +15,8 @@ hit's script, under the user key's tag, where no listing could find it without a
 index is written by a second call only when a reply says a ban was issued (its ninth
 element), in the background, and by ``block``, ``unban`` and ``reset``. It is advisory: a
 failed write is logged at debug and never raised, and the ban holds whatever it says.
+The hash has no expiry of its own: an ended entry is no longer listed, and is dropped by
+the next write (so at most ``MAX_LISTED`` ended ones stay after a limiter's last ban).
 """
 
 from __future__ import annotations
