@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from support.counting import Calls
 from support.pace import until
 
 import aioratelimit as arl
@@ -44,6 +45,24 @@ async def test_bans_issued_by_hits_are_listed(backend: arl.Backend, kind: str, k
     assert [entry.key for entry in listed] == [f"{key}/a", f"{key}/b"]
     assert all(25.0 < entry.ttl <= 30.0 for entry in listed)
     assert [entry.key for entry in await other.bans()] == [f"{key}/c"]
+
+
+async def test_only_the_hit_that_bans_writes_the_index(backend: arl.Backend, key: str) -> None:
+    """The hit that issues the ban answers before its listing is written (a task of the
+    backend's, which ``drain`` waits for); hits that ban nothing send one call each."""
+    rule = arl.Ban(after=1, within=60, first=30)
+    limiter = arl.SlidingWindow("1/minute", backend=backend, name=f"idx-{key}", ban=rule)
+    await backend.drain()
+    calls = Calls(backend)
+    assert (await limiter.hit(key)).allowed
+    assert not backend._tasks
+    assert (await limiter.hit(key)).retry_after == 30.0
+    assert [task.done() for task in backend._tasks] == [False]
+    await backend.drain()
+    assert not (await limiter.hit(key)).allowed  # refused by the ban: nothing to list
+    await backend.drain()
+    assert calls.count == 4  # three hits, one listing
+    assert [entry.key for entry in await limiter.bans()] == [key]
 
 
 async def test_unban_and_reset_take_a_key_off(backend: arl.Backend, key: str) -> None:
