@@ -27,7 +27,7 @@ from ._idempotency.results import Serializer
 from ._idempotency.tokens import consume_token, consumes_token, issue_token
 from ._limits.admission import Admission
 from ._limits.algorithms import FixedWindow, SlidingWindow, TokenBucket
-from ._limits.bans import Ban, BanState
+from ._limits.bans import Ban, BannedKey, BanState
 from ._limits.calendar import Quota
 from ._limits.failure import Breaker, BreakerListener, Fallback, OnUnavailable
 from ._limits.limiter import Limiter
@@ -60,6 +60,7 @@ __all__ = [
     "BackendUnavailable",
     "Ban",
     "BanState",
+    "BannedKey",
     "Binding",
     "Breaker",
     "BreakerListener",

@@ -149,6 +149,15 @@ def settlement(limiter_head: str, key: str, settle_id: str, tag: str | None = No
     return tagged(limiter_head, key, f":settle:{settle_id}")
 
 
+def ban_index(limiter_head: str) -> tuple[str, str]:
+    """A limiter's ban index (``Limiter.bans``: one hash, a field per banned user key) and
+    the channel ``lua/list_add.lua`` tells of a change (nobody listens), tagged by the
+    limiter's own head: one slot per limiter. ``~`` right after the head keeps it apart
+    from every user key's keys, which have ``{`` there."""
+    index = f"{limiter_head}~bans{{{limiter_head}}}"
+    return index, index + ":inv"
+
+
 def rate_channel(head: str, key: str, tag: str | None = None) -> str:
     """The channel a limiter's deny caches listen on for ``key`` (its keys' hash tag): told
     by ``lua/rate_invalidate.lua`` when a reset (or a refund, a block) changes the key."""

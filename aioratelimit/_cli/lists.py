@@ -9,7 +9,7 @@ import argparse
 from .._args import check_seconds
 from .._backend import Backend
 from .._limits.lists import MAX_ENTRIES, AccessList, entry_field
-from .output import CliError, out, seconds, table, where
+from .output import CliError, out, printable, seconds, table, where
 
 
 def add_parsers(commands: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:  # type: ignore[type-arg]
@@ -95,6 +95,7 @@ async def show_entries(args: argparse.Namespace, backend: Backend) -> int:
     entries = await lst.entries()
     out(f"access list {lst.name!r} on {where(backend)}: {len(entries)} live entries")
     if entries:
-        rows = [[e.action, e.kind, e.value, seconds(e.ttl)] for e in entries]
+        # A key entry is a client's own text: shown escaped, never obeyed by the terminal.
+        rows = [[e.action, e.kind, printable(e.value.encode()), seconds(e.ttl)] for e in entries]
         out(table(["action", "kind", "entry", "ttl"], rows))
     return 0

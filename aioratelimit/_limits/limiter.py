@@ -17,13 +17,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
 from .. import _keys, _observe, _scripts
-from .._args import (
-    MAX_COUNT,
-    check_count,
-    check_int,
-    check_key,
-    check_timeout,
-)
+from .._args import MAX_COUNT, check_count, check_int, check_key, check_timeout
 from .._backend import Backend, get_backend
 from .._errors import RateLimited
 from .._rates import Decision, Rate
@@ -303,6 +297,8 @@ class Limiter(Penalties):
             cost = self._check_cost(cost, mode >= _PARTIAL)
         backend = self._backend or get_backend()
         args = (cost, mode, *self._args, *extra, *self._ban_args)
+        if self._ban is not None:  # (a ban it issues is listed: ``Penalties._banning``)
+            return self._banning(backend, key, self._keys(backend, key), args)
         return backend._run(self._decider, self._keys(backend, key), args)
 
     async def _decide(self, key: str, cost: int, mode: int, *extra: int) -> Decision:
@@ -364,9 +360,11 @@ class Limiter(Penalties):
 
     async def reset(self, key: str) -> None:
         """Forget every hit counted for ``key`` (under every rate of this limiter), lift its
-        block, and tell every process's deny cache (one script)."""
+        block, and tell every process's deny cache (one script; a blockable limiter takes
+        the key off its ban index with a second)."""
         check_key(key)
         await self._invalidate(key, reset=True)
+        await self._unlisted(key)
         if self._fallback is not None:
             await self._fallback.reset(key)
 

@@ -58,6 +58,45 @@ def test_bans_show_lift_and_add(request: pytest.FixtureRequest, deployment: str,
     assert 60 < denied.retry_after <= 90  # the block added here, not the rate's minute
 
 
+@pytest.mark.parametrize("deployment", DEPLOYMENTS)
+def test_bans_list(request: pytest.FixtureRequest, deployment: str, key: str) -> None:
+    """``bans list`` prints every key the limiter's index lists, escaped for the terminal
+    (a key is the client's: an escape sequence in it is shown, never obeyed), with the time
+    its ban has left; a lifted key leaves the list."""
+    url = server(request, deployment)
+    name = f"cli-{key}"
+    spec = ("--fixed", "1/minute", "--name", name, "--url", url)
+    hostile = f"{key}\x1b[2J\u202e"
+
+    async def banned(backend: arl.Backend) -> None:
+        limiter = arl.FixedWindow("1/minute", backend=backend, name=name, ban=BAN)
+        for _ in range(2):  # admitted, the ban
+            await limiter.hit(hostile)
+        await limiter.block(f"{key}-b", 300)
+
+    on(url, banned)  # (closing the backend waits for the ban's index write)
+    shown = cli("bans", "list", *spec)
+    assert shown.returncode == 0, shown.stderr
+    assert f"2 keys banned under FixedWindow name={name!r}" in shown.stdout
+    assert "\x1b" not in shown.stdout
+    rows = re.findall(r"^  (\S+)\s+(\d+\.\d+) s$", shown.stdout, re.MULTILINE)
+    assert rows[0][0] == f"{key}\\x1b[2J\\u202e"
+    assert 0 < float(rows[0][1]) <= 120
+    assert rows[1][0] == f"{key}-b"
+    assert 290 < float(rows[1][1]) <= 300
+
+    assert cli("bans", "lift", f"{key}-b", *spec).returncode == 0
+    again = cli("bans", "list", *spec)
+    assert "1 keys banned" in again.stdout
+    assert f"{key}-b" not in again.stdout
+    empty = cli("bans", "list", "--fixed", "1/minute", "--name", f"{name}-none", "--url", url)
+    assert empty.stdout.startswith("0 keys banned"), empty.stdout
+
+
+#: bans after a refusal, for 120 s
+BAN = arl.Ban(after=1, within=60, first=120, longest=600)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -55,6 +55,20 @@ def test_lists_add_show_remove(request: pytest.FixtureRequest, deployment: str, 
     assert [e.value for e in on(url, entries)] == [key]
 
 
+def test_lists_show_escapes_a_key_entry(redis_url: str, key: str) -> None:
+    """A key entry is printed escaped: an escape sequence in it is shown, never obeyed."""
+    name = f"cli-{key}"
+
+    async def deny(backend: arl.Backend) -> None:
+        await arl.AccessList(name, backend=backend).deny(key=f"{key}\x1b[2J\u202e")
+
+    on(redis_url, deny)
+    shown = cli("lists", "show", "--list", name, "--url", redis_url)
+    assert shown.returncode == 0, shown.stderr
+    assert "\x1b" not in shown.stdout
+    assert f"{key}\\x1b[2J\\u202e" in shown.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -66,9 +66,16 @@ def record(backend: arl.Backend, into: list[Call]) -> None:
     backend._run = run
 
 
-def _now(reply: list[int]) -> int:
-    """The clock a script decided on: a limiter's reply has it sixth, the others second."""
-    return reply[5] if len(reply) > 5 else reply[1]
+#: The scripts whose reply carries no clock (a limiter's reset, its ban index's removal).
+CLOCKLESS = ("delete", "rate_invalidate", "list_remove")
+
+
+def _now(call: Call) -> int:
+    """The clock a script decided on: a limiter's reply has it sixth, a ban index's write
+    (``list_add``) third, the others second."""
+    if call.script.name == "list_add":
+        return call.reply[2]
+    return call.reply[5] if len(call.reply) > 5 else call.reply[1]
 
 
 def _ints(reply: Any) -> list[int]:
@@ -161,8 +168,8 @@ class LuaAgainstMemory(RuleBasedStateMachine):
     def new_server_calls(self, since: int) -> list[Call]:
         calls = self.server_calls[since:]
         for call in calls:
-            if call.script.name not in ("delete", "rate_invalidate"):
-                self.last_now = _now(call.reply)
+            if call.script.name not in CLOCKLESS:
+                self.last_now = _now(call)
         return calls
 
     def decide(self, method: str, key: str, cost: float, **options: Any) -> None:
@@ -172,14 +179,16 @@ class LuaAgainstMemory(RuleBasedStateMachine):
             since, mem_since = len(self.server_calls), len(self.memory_calls)
             server_decision = self.run(getattr(on_server, method)(key, c, **options))
             # A refund then tells the deny caches (``rate_invalidate``: no clock in its
-            # reply, and none needed: it only publishes).
+            # reply, and none needed: it only publishes); a block lists the key in the
+            # ban index (``list_add``, at its own clock).
             call, *told = self.new_server_calls(since)
-            self.times.append(_now(call.reply))
-            self.times.extend(self.last_now for _ in told)
+            self.times.append(_now(call))
+            for t in told:
+                self.times.append(self.last_now if t.script.name in CLOCKLESS else _now(t))
             memory_decision = self.run(getattr(on_memory, method)(key, c, **options))
             twin, *twin_told = self.memory_calls[mem_since:]
             assert [t.script.name for t in twin_told] == [t.script.name for t in told]
-            assert all(t.script.name == "rate_invalidate" for t in told)
+            assert all(t.script.name in ("rate_invalidate", "list_add") for t in told)
             assert (twin.script, twin.keys, twin.args) == (call.script, call.keys, call.args)
             assert twin.reply == call.reply, f"{on_server!r}.{method}({key!r}, {c})"
             assert memory_decision == server_decision
@@ -207,14 +216,15 @@ class LuaAgainstMemory(RuleBasedStateMachine):
     @rule(key=KEYS)
     def reset(self, key: str) -> None:
         for on_server, on_memory, _ in self.pairs:
-            since = len(self.server_calls)
+            since, mem_since = len(self.server_calls), len(self.memory_calls)
             self.run(on_server.reset(key))
-            (call,) = self.new_server_calls(since)
-            # DEL reports no clock; the memory side needs one only to tell live keys from
-            # expired ones in its (unused) count, and ends up with nothing either way.
-            self.times.append(self.last_now)
+            calls = self.new_server_calls(since)
+            # DEL reports no clock, nor does the ban index's removal; the memory side needs
+            # one only to tell live keys from expired ones in its (unused) count, and ends
+            # up with nothing either way.
+            self.times.extend(self.last_now for _ in calls)
             self.run(on_memory.reset(key))
-            assert self.memory_calls[-1].keys == call.keys
+            assert [c.keys for c in self.memory_calls[mem_since:]] == [c.keys for c in calls]
 
     @rule(ms=st.integers(0, 300))
     def wait(self, ms: int) -> None:
