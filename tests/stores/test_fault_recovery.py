@@ -371,14 +371,15 @@ async def test_a_subscriber_closed_under_its_reader_leaves_no_socket_open(
 async def test_only_releases_are_sent_again() -> None:
     """Exactly the release scripts (an access list's entry removed too), the three refunds
     (sent again only as a settlement sends them, with a record) and the reads the listeners
-    make (a pause's block, a policy store, an access list) are marked safe to send twice,
+    and the CLI make (a pause's block, a policy store, an access list, a key's ban) are
+    marked safe to send twice,
     and ``run_repeatable`` refuses any other script before sending anything (a hit sent
     twice would be counted twice)."""
     repeatable = {name for name, s in _scripts.SCRIPTS.items() if s.repeatable}
     releases = {"lock_release", "semaphore_release", "rwlock_release", "fair_release"}
     releases |= {"idem_release", "list_remove"}
     refunds = {f"{kind}_refund" for kind in ("fixed_window", "sliding_window", "token_bucket")}
-    reads = {"limiter_blocked", "policy_read", "list_read"}
+    reads = {"limiter_blocked", "policy_read", "list_read", "ban_state"}
     assert repeatable == releases | refunds | reads
     async with arl.Backend.from_url("memory://") as backend:
         with pytest.raises(ValueError, match="not safe to send twice"):
