@@ -29,9 +29,10 @@ What a caller may rely on, as with a call of its own:
 - **A cancelled caller costs nothing.** A decision cancelled before its batch is written
   is left out of it.
 
-``BATCH_MAX`` bounds one call's work on the server: 64 decisions of the heaviest batched
-script take about 0.5 ms of one core (a token bucket with several rates; a fixed window's
-decision is under 2 µs in a batch), under the millisecond one call may block the server.
+``BATCH_MAX`` bounds one call's work on the server: 32 decisions of the heaviest batched
+script take about 0.25 ms of one core (a sliding window with several rates; a fixed
+window's decision is about 2 µs in a batch), well under the millisecond one call may
+block the server.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ log = logging.getLogger("aioratelimit")
 #: The most decisions in one batch call (see the module: about 0.5 ms of the server's time
 #: at worst). A crowd larger than this in one iteration goes out as several calls, written
 #: together by the wire.
-BATCH_MAX = 64
+BATCH_MAX = 32
 
 #: Error replies for a whole batch that say where its keys are (a Cluster migrating or
 #: failing over), not that batching is refused: the decisions go alone, batching stays.

@@ -147,8 +147,8 @@ async def test_a_crowd_goes_in_few_calls_unless_turned_off(
         decisions = await crowd(backend, key, 200)
         calls = evalsha_calls(server) - before - 1  # (the peek)
     assert all(d.allowed for d in decisions)
-    assert BATCH_MAX == 64  # (the bound docs/performance.md states)
-    assert calls == (1 + 4 if batch else 200)  # 199 = 3 x 64 + 7
+    assert BATCH_MAX == 32  # (the bound docs/performance.md states)
+    assert calls == (1 + 7 if batch else 200)  # 199 = 6 x 32 + 7
 
 
 async def test_an_error_in_one_decision_fails_its_caller_only(
