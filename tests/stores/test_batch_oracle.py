@@ -133,7 +133,7 @@ def keyspace(client: fakeredis.FakeRedis) -> dict[Any, Any]:
 
 @pytest.mark.parametrize("family", FAMILIES)
 @settings(
-    max_examples=max(1, 40 * settings().max_examples // 100),  # (40 under the full profile)
+    max_examples=max(1, 30 * settings().max_examples // 100),  # (30 under the full profile)
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
