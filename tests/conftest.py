@@ -56,6 +56,7 @@ import pytest
 import redis
 from support import jobs, loops, typecheck, virtual_clock
 from support.cluster_fixtures import RedisClusterDeployment, SentinelDeployment, sync_client
+from support.kinds import KINDS, Build
 from support.replicas import primary, replica  # noqa: F401  (a master with one replica)
 from support.servers import RedisServer, permit, remove_scratch
 from support.tls_servers import mtls_redis, pki, plain_redis, tls_redis  # noqa: F401  (TLS, ACL servers)
@@ -347,6 +348,12 @@ def store_url(request: pytest.FixtureRequest) -> str:
     if request.param == "memory":
         return "memory://"
     return str(request.getfixturevalue("redis_url"))
+
+
+@pytest.fixture(params=sorted(KINDS))
+def build(request: pytest.FixtureRequest) -> Build:
+    """A limiter factory for each algorithm: ``build("5/hour", backend=b, ban=...)``."""
+    return KINDS[request.param]
 
 
 @pytest.fixture

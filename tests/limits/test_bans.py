@@ -7,30 +7,15 @@ options refused before any I/O."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from support.counting import Calls
+from support.kinds import Build
 from support.pace import pace, until
 
 import aioratelimit as arl
 from aioratelimit import _observe
-
-#: (rates) -> a limiter of each algorithm; a TokenBucket takes the first rate only
-Build = Callable[..., Any]
-
-KINDS: dict[str, Build] = {
-    "fixed": lambda *rates, **kw: arl.FixedWindow(*rates, **kw),
-    "sliding": lambda *rates, **kw: arl.SlidingWindow(*rates, **kw),
-    "token": lambda *rates, **kw: arl.TokenBucket(rates[0], **kw),
-}
-
-
-@pytest.fixture(params=sorted(KINDS))
-def build(request: pytest.FixtureRequest) -> Build:
-    """A limiter factory for each algorithm: ``build("5/hour", backend=b, ban=...)``."""
-    return KINDS[request.param]
 
 
 async def refuse(limiter: arl.Limiter, key: str, times: int) -> list[arl.Decision]:

@@ -7,29 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 import redis
+from support.kinds import Build
 
 import aioratelimit as arl
 from aioratelimit._scripts import Arg, Reply, Script
-
-#: (rates) -> a limiter of each algorithm; a TokenBucket takes the first rate only
-Build = Callable[..., Any]
-
-KINDS: dict[str, Build] = {
-    "fixed": lambda *rates, **kw: arl.FixedWindow(*rates, **kw),
-    "sliding": lambda *rates, **kw: arl.SlidingWindow(*rates, **kw),
-    "token": lambda *rates, **kw: arl.TokenBucket(rates[0], **kw),
-}
-
-
-@pytest.fixture(params=sorted(KINDS))
-def build(request: pytest.FixtureRequest) -> Build:
-    """A limiter factory for each algorithm: ``build("5/hour", backend=b)``."""
-    return KINDS[request.param]
 
 
 class Calls:

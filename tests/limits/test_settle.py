@@ -11,30 +11,17 @@ import logging
 import random
 import socket
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
 import redis
 from support.faultproxy import FaultProxy, Server
+from support.kinds import Build
 from support.pace import until
 
 import aioratelimit as arl
 from aioratelimit._scripts import Arg, Reply, Script
-
-Build = Callable[..., arl.Limiter]
-
-KINDS: dict[str, Build] = {
-    "fixed": lambda *rates, **kw: arl.FixedWindow(*rates, **kw),
-    "sliding": lambda *rates, **kw: arl.SlidingWindow(*rates, **kw),
-    "token": lambda *rates, **kw: arl.TokenBucket(rates[0], **kw),
-}
-
-
-@pytest.fixture(params=sorted(KINDS))
-def build(request: pytest.FixtureRequest) -> Build:
-    """A limiter factory for each algorithm: ``build("5/hour", backend=b)``."""
-    return KINDS[request.param]
 
 
 class Calls:
