@@ -6,7 +6,7 @@ Every script's keys share one hash tag (``_keys``), so each call goes to exactly
 and for the calls it must reroute, and adds what the library promises on every backend:
 
 - one round trip on the usual path: EVALSHA straight to the master the slot map names, on
-  one multiplexed connection per master (``wire.Link``), never resent;
+  one multiplexed connection per master (``wire.Link``), batched per master, never resent;
 - a bounded number of calls in flight (``max_in_flight``; for a client passed in, its pool
   size), queued rather than failed;
 - one explicit ``initialize()`` before the first call (concurrent first calls on a fresh

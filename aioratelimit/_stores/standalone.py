@@ -4,8 +4,10 @@ store for a client the application passes in.
 
 ``RedisStore`` runs each script on one multiplexed connection of its own (``wire.Link``): a
 call takes one of ``max_in_flight`` slots at the gate (waiting at most ``timeout`` when all
-are taken), writes one pre-packed EVALSHA into the iteration's batch, and awaits its reply;
-the wire bounds the reply by ``timeout``. On NOSCRIPT it sends EVAL for that call alone.
+are taken), hands its script to the connection's ``batch.Batcher`` (a pre-packed EVALSHA
+of its own when nothing is in flight, else one decision of a batch call), and awaits its
+reply; the wire bounds the reply by ``timeout``. On NOSCRIPT it sends EVAL for that call
+alone.
 
 The event-loop contract: a store serves one running event loop at a time. What it opened on
 a loop (the connection, the gate's queue) is closed on that loop when the loop shuts down
