@@ -30,6 +30,7 @@ from .. import _keys, _scripts
 from .._args import check_count, check_key, check_seconds, from_us, to_ms, to_us
 from .._backend import Backend, get_backend
 from .._scripts import Script
+from .list_table import read_fields
 
 log = logging.getLogger("aioratelimit")
 
@@ -137,7 +138,7 @@ class Penalties:
             raise TypeError(f"{self!r} was not made with blockable=True: its hits read no block")
         check_key(key)
         backend = self._backend or get_backend()
-        head = backend._heads.get(self._head_id) or backend._head(self._kind, self.name)
+        head = self._head_of(backend)
         tag = self._tag(key)
         return backend, _keys.block(head, key, tag), _keys.strikes(head, key, tag)
 
@@ -180,16 +181,15 @@ class Penalties:
         backend = self._backend or get_backend()
         index, _ = self._index(backend)
         reply = await backend._run_repeatable(_scripts.LIST_READ, [index], ())
-        found = []
-        for i in range(1, len(reply) - 1, 2):
-            raw = reply[i]
-            key = raw.decode() if isinstance(raw, bytes) else str(raw)
-            found.append(BannedKey(key, from_us(int(reply[i + 1]))))
-        return found
+        return [BannedKey(key, from_us(left)) for key, left in read_fields(reply)]
+
+    def _head_of(self, backend: Backend) -> str:
+        """The head of this limiter's keys on ``backend`` (``Limiter._keys`` reads it
+        inline: the hot path)."""
+        return backend._heads.get(self._head_id) or backend._head(self._kind, self.name)
 
     def _index(self, backend: Backend) -> tuple[str, str]:
-        head = backend._heads.get(self._head_id) or backend._head(self._kind, self.name)
-        return _keys.ban_index(head)
+        return _keys.ban_index(self._head_of(backend))
 
     async def _banning(
         self, backend: Backend, key: str, keys: list[str], args: Sequence[Any]

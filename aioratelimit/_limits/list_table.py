@@ -44,6 +44,16 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 _Nets = dict[tuple[int, int], dict[int, float]]
 
 
+def read_fields(reply: list[object]) -> list[tuple[str, int]]:
+    """``list_read``'s reply ``{now_us, field, µs left or 0, ...}`` as (field, µs left)."""
+    fields = []
+    for i in range(1, len(reply) - 1, 2):
+        raw = reply[i]
+        field = raw.decode() if isinstance(raw, bytes) else str(raw)
+        fields.append((field, int(reply[i + 1])))  # type: ignore[call-overload]
+    return fields
+
+
 def ends_at(sent: float, left_us: int) -> float:
     """An entry's end on this process's clock: ``math.inf`` for an entry without a TTL."""
     return math.inf if left_us == 0 else sent + left_us / US
@@ -75,10 +85,8 @@ class Table:
     def from_reply(cls, reply: list[object], sent: float) -> Table:
         """The table of ``list_read``'s reply ``{now_us, field, µs left, ...}``."""
         table = cls()
-        for i in range(1, len(reply) - 1, 2):
-            raw = reply[i]
-            field = raw.decode() if isinstance(raw, bytes) else str(raw)
-            end = ends_at(sent, int(reply[i + 1]))  # type: ignore[call-overload]
+        for field, left_us in read_fields(reply):
+            end = ends_at(sent, left_us)
             allowed = field[0] == "+"
             kind, value = field[1:2], field[3:]
             if kind == "k":

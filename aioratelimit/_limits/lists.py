@@ -22,7 +22,7 @@ from typing import Literal, NamedTuple
 from .. import _keys, _scripts
 from .._args import check_int, check_key, check_seconds, from_us, to_us
 from .._backend import Backend, get_backend
-from .list_table import held, watch
+from .list_table import held, read_fields, watch
 
 #: The most entries a list holds by default, and the most ``max_entries`` may be: every
 #: process holds the whole list, and every change reads it whole.
@@ -161,10 +161,7 @@ class AccessList:
         list_key, _ = self._names(backend)
         reply = await backend._run_repeatable(_scripts.LIST_READ, [list_key], ())
         found = []
-        for i in range(1, len(reply) - 1, 2):
-            raw = reply[i]
-            field = raw.decode() if isinstance(raw, bytes) else str(raw)
-            left = int(reply[i + 1])
+        for field, left in read_fields(reply):
             action = "allow" if field[0] == "+" else "deny"
             kind = "key" if field[1] == "k" else "network"
             found.append(ListEntry(action, kind, field[3:], from_us(left) if left else None))
